@@ -1,0 +1,346 @@
+"""The Case: one KV-cache configuration, as plain JSON, independent of any vLLM release.
+
+A Case says what a model asks of the KV cache (groups of layers, each with a spec and an
+attention backend), how many blocks the manager hands out and which physical layout is in
+force. Target adapters turn it into real vLLM objects; the oracle derives the expected byte
+layout from it. Nothing here imports vLLM or torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fuzz.errors import CaseError
+
+SCHEMA_VERSION = 1
+
+SPEC_KINDS = (
+    "full",
+    "sliding_window",
+    "chunked_local",
+    "sink",
+    "cross",
+    "encoder_only",
+    "mla",
+    "sliding_window_mla",
+    "mamba",
+)
+ATTENTION_KINDS = tuple(k for k in SPEC_KINDS if k != "mamba")
+MLA_KINDS = ("mla", "sliding_window_mla")
+
+# Element sizes of the torch dtypes a spec may store, by their torch attribute name.
+DTYPE_SIZES = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "uint8": 1,
+    "int8": 1,
+}
+
+# Physical orders of the logical [L, B, H, N, C] axes (outermost first), vLLM 0.29+.
+KV_CACHE_LAYOUTS = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
+
+
+@dataclass(frozen=True)
+class SpecCase:
+    """One KV-cache spec. Fields a kind does not use stay at their defaults."""
+
+    kind: str
+    block_size: int
+    num_kv_heads: int = 1
+    head_size: int = 64
+    head_size_v: int | None = None
+    dtype: str = "bfloat16"
+    cache_dtype: str = "auto"
+    page_size_padded: int | None = None
+    alignment: int | None = None
+    compress_ratio: int = 1
+    model_version: str | None = None
+    kv_quant_mode: str = "none"
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    sink_len: int | None = None
+    # Published by the backend (vLLM's customize_spec); None: the spec's own default.
+    num_head_slots: int | None = None
+    state_content_bytes: int | None = None
+    block_stride_alignment: int | None = None
+    block_stride_multiple_of: int | None = None
+    # Mamba state tensors (per block): shapes and their dtypes.
+    mamba_shapes: tuple[tuple[int, ...], ...] = ()
+    mamba_dtypes: tuple[str, ...] = ()
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kind in MLA_KINDS
+
+    @property
+    def is_attention(self) -> bool:
+        return self.kind != "mamba"
+
+
+@dataclass(frozen=True)
+class SyntheticBackend:
+    """A backend described by its declarations instead of a vLLM class.
+
+    kernel_block_sizes holds ints (exact sizes) and strings "xN" (any multiple of N).
+    layouts: the KVCacheLayout names it accepts (None: any).
+    """
+
+    name: str
+    kernel_block_sizes: tuple[int | str, ...] = ("x1",)
+    layouts: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class GroupCase:
+    """One KV-cache group: layers sharing one spec and one attention backend."""
+
+    spec: SpecCase
+    layers: tuple[str, ...]
+    backend: str | None = None
+    synthetic_backend: SyntheticBackend | None = None
+    kernel_block_size: int | None = None
+
+    @property
+    def backend_name(self) -> str:
+        if self.synthetic_backend is not None:
+            return "synthetic:" + self.synthetic_backend.name
+        return self.backend or "none"
+
+
+@dataclass(frozen=True)
+class Case:
+    groups: tuple[GroupCase, ...]
+    num_blocks: int
+    layout: str = "LBNHC"
+    kv_sharing: tuple[tuple[str, str], ...] = ()
+    device: str | None = None
+    schema: int = SCHEMA_VERSION
+
+    @property
+    def layer_names(self) -> list[str]:
+        return [name for group in self.groups for name in group.layers]
+
+    @property
+    def is_latent(self) -> bool:
+        """True when some group needs a synthetic backend: no shipped backend reaches it."""
+        return any(g.synthetic_backend is not None for g in self.groups)
+
+    def group_of(self, layer: str) -> int:
+        for index, group in enumerate(self.groups):
+            if layer in group.layers:
+                return index
+        raise KeyError(layer)
+
+    def content_hash(self) -> str:
+        return hashlib.sha256(dumps(self).encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        kinds = "+".join(g.spec.kind for g in self.groups)
+        backends = "+".join(g.backend_name for g in self.groups)
+        return f"{kinds}/{backends}/{self.layout}"
+
+
+# ---------------------------------------------------------------- JSON codec
+
+
+def to_dict(case: Case) -> dict[str, Any]:
+    def clean(value: Any) -> Any:
+        if dataclasses.is_dataclass(value):
+            return {f.name: clean(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, tuple):
+            return [clean(v) for v in value]
+        return value
+
+    data = clean(case)
+    data["kv_sharing"] = dict(case.kv_sharing)
+    return data
+
+
+def dumps(case: Case) -> str:
+    return json.dumps(to_dict(case), sort_keys=True, separators=(",", ":"))
+
+
+def from_dict(data: Any) -> Case:
+    """Build a Case from parsed JSON; CaseError names the first offending field."""
+    _expect(isinstance(data, dict), "case", "must be a JSON object")
+    schema = data.get("schema", SCHEMA_VERSION)
+    _expect(schema == SCHEMA_VERSION, "schema", f"is {schema!r}, this kvfuzz reads {SCHEMA_VERSION}")
+    _known_keys(data, Case, "case")
+    groups_raw = data.get("groups")
+    _expect(isinstance(groups_raw, list) and groups_raw, "groups", "must be a non-empty list")
+    groups = tuple(_group_from_dict(g, f"groups[{i}]") for i, g in enumerate(groups_raw))
+    sharing = data.get("kv_sharing", {})
+    _expect(isinstance(sharing, dict), "kv_sharing", "must map a layer name to its target")
+    case = Case(
+        groups=groups,
+        num_blocks=_int(data.get("num_blocks"), "num_blocks", minimum=1),
+        layout=data.get("layout", "LBNHC"),
+        kv_sharing=tuple(sorted(sharing.items())),
+        device=data.get("device"),
+    )
+    validate(case)
+    return case
+
+
+def loads(text: str) -> Case:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CaseError(f"case: not valid JSON ({error.msg} at line {error.lineno})") from None
+    return from_dict(data)
+
+
+def load(path: str | Path) -> Case:
+    """Read a case file; corpus entries hold the case under the key "case"."""
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise CaseError(f"{path}: cannot read ({error.strerror})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CaseError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None
+    if isinstance(data, dict) and "case" in data:
+        data = data["case"]
+    try:
+        return from_dict(data)
+    except CaseError as error:
+        raise CaseError(f"{path}: {error}") from None
+
+
+def validate(case: Case) -> None:
+    """Consistency rules every case obeys, whatever the target."""
+    _expect(case.layout in KV_CACHE_LAYOUTS, "layout", f"{case.layout!r} is not one of {', '.join(KV_CACHE_LAYOUTS)}")
+    _expect(case.device in (None, "cpu", "cuda") or str(case.device).startswith("cuda:"), "device", f"{case.device!r} is not cpu or cuda")
+    seen: set[str] = set()
+    for i, group in enumerate(case.groups):
+        where = f"groups[{i}]"
+        _expect(len(group.layers) > 0, f"{where}.layers", "must name at least one layer")
+        for name in group.layers:
+            _expect(isinstance(name, str) and name, f"{where}.layers", "names must be non-empty strings")
+            _expect(name not in seen, f"{where}.layers", f"layer {name!r} appears twice")
+            seen.add(name)
+        _validate_spec(group.spec, f"{where}.spec")
+        if group.spec.is_attention:
+            _expect(
+                (group.backend is None) != (group.synthetic_backend is None),
+                f"{where}.backend",
+                "an attention group names exactly one of backend / synthetic_backend",
+            )
+        kbs = group.kernel_block_size
+        if kbs is not None:
+            _expect(kbs >= 1, f"{where}.kernel_block_size", "must be positive")
+    for sharer, target in case.kv_sharing:
+        _expect(sharer not in seen, "kv_sharing", f"sharing layer {sharer!r} must not own a cache")
+        _expect(target in seen, "kv_sharing", f"target {target!r} of {sharer!r} is not a layer of any group")
+
+
+def _validate_spec(spec: SpecCase, where: str) -> None:
+    _expect(spec.kind in SPEC_KINDS, f"{where}.kind", f"{spec.kind!r} is not one of {', '.join(SPEC_KINDS)}")
+    _int(spec.block_size, f"{where}.block_size", minimum=1)
+    _int(spec.num_kv_heads, f"{where}.num_kv_heads", minimum=1)
+    _int(spec.head_size, f"{where}.head_size", minimum=1)
+    _expect(spec.dtype in DTYPE_SIZES, f"{where}.dtype", f"{spec.dtype!r} is not one of {', '.join(DTYPE_SIZES)}")
+    _int(spec.compress_ratio, f"{where}.compress_ratio", minimum=1)
+    _expect(spec.block_size % spec.compress_ratio == 0, f"{where}.compress_ratio", "must divide block_size")
+    _expect(spec.compress_ratio == 1 or spec.is_mla, f"{where}.compress_ratio", "only MLA specs compress")
+    for name in ("page_size_padded", "alignment", "state_content_bytes", "num_head_slots", "head_size_v",
+                 "block_stride_alignment", "block_stride_multiple_of"):
+        value = getattr(spec, name)
+        if value is not None:
+            _int(value, f"{where}.{name}", minimum=0 if name == "head_size_v" else 1)
+    if spec.kind == "sliding_window" or spec.kind == "sliding_window_mla":
+        _expect(spec.sliding_window is not None, f"{where}.sliding_window", "is required for this kind")
+    if spec.kind == "chunked_local":
+        _expect(spec.attention_chunk_size is not None, f"{where}.attention_chunk_size", "is required for chunked_local")
+    if spec.kind == "mamba":
+        _expect(len(spec.mamba_shapes) > 0, f"{where}.mamba_shapes", "a mamba spec needs at least one state shape")
+        _expect(len(spec.mamba_shapes) == len(spec.mamba_dtypes), f"{where}.mamba_dtypes", "needs one dtype per shape")
+        for dtype in spec.mamba_dtypes:
+            _expect(dtype in DTYPE_SIZES, f"{where}.mamba_dtypes", f"{dtype!r} is not a known dtype")
+
+
+def _group_from_dict(data: Any, where: str) -> GroupCase:
+    _expect(isinstance(data, dict), where, "must be an object")
+    _known_keys(data, GroupCase, where)
+    spec_raw = data.get("spec")
+    _expect(isinstance(spec_raw, dict), f"{where}.spec", "must be an object")
+    _known_keys(spec_raw, SpecCase, f"{where}.spec")
+    _expect("kind" in spec_raw, f"{where}.spec.kind", "is missing")
+    _expect("block_size" in spec_raw, f"{where}.spec.block_size", "is missing")
+    spec_fields = dict(spec_raw)
+    try:
+        spec_fields["mamba_shapes"] = tuple(tuple(int(d) for d in s) for s in spec_raw.get("mamba_shapes", ()))
+        spec_fields["mamba_dtypes"] = tuple(spec_raw.get("mamba_dtypes", ()))
+    except (TypeError, ValueError):
+        raise CaseError(f"{where}.spec.mamba_shapes: must be a list of integer lists") from None
+    layers = data.get("layers")
+    _expect(isinstance(layers, list), f"{where}.layers", "must be a list of layer names")
+    synthetic = data.get("synthetic_backend")
+    if synthetic is not None:
+        _expect(isinstance(synthetic, dict), f"{where}.synthetic_backend", "must be an object")
+        _known_keys(synthetic, SyntheticBackend, f"{where}.synthetic_backend")
+        sizes = tuple(synthetic.get("kernel_block_sizes", ("x1",)))
+        for size in sizes:
+            _expect(
+                (isinstance(size, int) and size > 0) or (isinstance(size, str) and size[:1] == "x" and size[1:].isdigit()),
+                f"{where}.synthetic_backend.kernel_block_sizes",
+                f"{size!r} is neither a positive int nor 'xN'",
+            )
+        layouts = synthetic.get("layouts")
+        synthetic = SyntheticBackend(
+            name=str(synthetic.get("name", "synthetic")),
+            kernel_block_sizes=sizes,
+            layouts=None if layouts is None else tuple(layouts),
+        )
+    kbs = data.get("kernel_block_size")
+    return GroupCase(
+        spec=SpecCase(**spec_fields),
+        layers=tuple(layers),
+        backend=data.get("backend"),
+        synthetic_backend=synthetic,
+        kernel_block_size=None if kbs is None else _int(kbs, f"{where}.kernel_block_size", minimum=1),
+    )
+
+
+def _known_keys(data: dict[str, Any], cls: type, where: str) -> None:
+    allowed = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        _expect(key in allowed, f"{where}.{key}", "is not a known field")
+
+
+def _int(value: Any, where: str, minimum: int) -> int:
+    _expect(isinstance(value, int) and not isinstance(value, bool), where, f"must be an integer, got {value!r}")
+    _expect(value >= minimum, where, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _expect(condition: bool, where: str, message: str) -> None:
+    if not condition:
+        raise CaseError(f"{where}: {message}")
+
+
+def replace(case: Case, **changes: Any) -> Case:
+    return dataclasses.replace(case, **changes)
+
+
+__all__ = [
+    "Case",
+    "GroupCase",
+    "SpecCase",
+    "SyntheticBackend",
+    "dumps",
+    "from_dict",
+    "load",
+    "loads",
+    "to_dict",
+    "validate",
+]

@@ -1,0 +1,64 @@
+"""The corpus: findings and seed cases as readable JSON files, written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fuzz.case import Case, CaseError, from_dict, to_dict
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: Path
+    case: Case
+    meta: dict[str, Any]
+
+    @property
+    def expected_signature(self) -> str | None:
+        """A finding kept as an expected failure of the releases it names."""
+        return self.meta.get("signature")
+
+
+def write_atomic(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def save_finding(directory: Path, case: Case, meta: dict[str, Any]) -> Path:
+    path = directory / f"{meta.get('signature_id', 'case')}-{case.content_hash()}.json"
+    write_atomic(path, {**meta, "reproduce": f"kvfuzz replay {path}", "case": to_dict(case)})
+    return path
+
+
+def entries(root: Path) -> Iterator[Entry]:
+    files = [root] if root.is_file() else sorted(root.rglob("*.json"))
+    for path in files:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise CaseError(f"{path}: not a readable JSON case ({error})") from None
+        raw = data.get("case", data) if isinstance(data, dict) else data
+        try:
+            case = from_dict(raw)
+        except CaseError as error:
+            raise CaseError(f"{path}: {error}") from None
+        meta = {k: v for k, v in data.items() if k != "case"} if "case" in data else {}
+        yield Entry(path, case, meta)
+
+
+def known_signatures(root: Path) -> set[str]:
+    if not root.exists():
+        return set()
+    return {e.meta["signature"] for e in entries(root) if "signature" in e.meta}

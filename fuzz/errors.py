@@ -1,0 +1,20 @@
+"""Every error kvfuzz reports to a user derives from KvfuzzError.
+
+The command line turns these into one line on stderr and exit status 2.
+"""
+
+
+class KvfuzzError(Exception):
+    """Base of all user-facing kvfuzz errors."""
+
+
+class CaseError(KvfuzzError):
+    """A case file is malformed or inconsistent; the message names the field."""
+
+
+class TargetError(KvfuzzError):
+    """The requested vLLM target cannot be loaded or used."""
+
+
+class UsageError(KvfuzzError):
+    """An invalid command-line option or combination of options."""

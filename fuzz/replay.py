@@ -1,0 +1,32 @@
+"""Replaying corpus entries: seeds must pass; kept findings must fail as recorded on their releases."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fuzz.corpus import Entry
+from fuzz.runner import run_case
+from fuzz.targets.base import Target
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    status: str  # "pass", "expected" (a known finding reproduced), "fixed", "skipped", "unexpected"
+    detail: str
+
+
+def replay_entry(target: Target, entry: Entry, device: str) -> ReplayOutcome:
+    result = run_case(target, entry.case, device)
+    verdict = result.verdict
+    if verdict.status == "skipped":
+        return ReplayOutcome("skipped", verdict.reason or "")
+    got = verdict.finding.signature if verdict.finding else None
+    expected = entry.expected_signature
+    affected = entry.meta.get("affected_versions") or [entry.meta.get("vllm_version")]
+    if expected is not None and target.info.vllm_version in affected:
+        if got == expected:
+            return ReplayOutcome("expected", f"known finding reproduced: {got}")
+        return ReplayOutcome("unexpected", f"known finding did not reproduce (got {got or verdict.status})")
+    if got is None:
+        return ReplayOutcome("pass" if expected is None else "fixed", verdict.status + (f" ({verdict.reason})" if verdict.reason else ""))
+    return ReplayOutcome("unexpected", got)

@@ -1,0 +1,42 @@
+import json
+
+import pytest
+
+from fuzz.case import Case, CaseError, GroupCase, SpecCase, dumps, loads
+
+
+def full_case() -> Case:
+    spec = SpecCase(kind="full", block_size=16, num_kv_heads=2, head_size=64)
+    return Case(groups=(GroupCase(spec=spec, layers=("l0",), backend="TRITON_ATTN", kernel_block_size=16),), num_blocks=4)
+
+
+def test_round_trip_is_exact():
+    case = full_case()
+    assert loads(dumps(case)) == case
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda d: d.update(num_blocks=0), "num_blocks"),
+        (lambda d: d.update(layout="XYZ"), "layout"),
+        (lambda d: d["groups"][0]["spec"].update(dtype="float64"), "groups[0].spec.dtype"),
+        (lambda d: d["groups"][0]["spec"].update(colour="red"), "groups[0].spec.colour"),
+        (lambda d: d["groups"][0]["spec"].update(compress_ratio=3), "groups[0].spec.compress_ratio"),
+        (lambda d: d["groups"][0].pop("backend"), "groups[0].backend"),
+        (lambda d: d.update(kv_sharing={"x": "nowhere"}), "kv_sharing"),
+        (lambda d: d.update(schema=99), "schema"),
+    ],
+)
+def test_malformed_case_names_the_field(edit, field):
+    data = json.loads(dumps(full_case()))
+    edit(data)
+    with pytest.raises(CaseError) as error:
+        loads(json.dumps(data))
+    assert str(error.value).startswith(field)
+    assert "\n" not in str(error.value)
+
+
+def test_invalid_json_is_one_line():
+    with pytest.raises(CaseError, match="not valid JSON"):
+        loads("{oops")
