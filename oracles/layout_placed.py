@@ -155,6 +155,8 @@ def _layer_view(
     ratio = spec.block_size // kernel
     kernel_states = page.states // ratio
     dense = block_stride == page.heads * page.states * page.content_bytes
+    if ratio > 1 and dense and page.padded:
+        return "a padded page cannot be split into kernel blocks"
     if ratio == 1 or dense:
         kernel_stride, view_blocks = ratio, num_blocks * ratio
     elif contract.packed_kernel_map and spec.compress_ratio > 1 and page.heads == 1:

@@ -27,10 +27,8 @@ class Page:
     unpadded_bytes: int
     page_bytes: int
     block_stride_alignment: int
-
-    @property
-    def padded(self) -> bool:
-        return self.page_bytes != self.unpadded_bytes
+    # vLLM applies the padded-page rules whenever a padded size is set, even one equal to the page.
+    padded: bool
 
 
 def element_size(spec: SpecCase) -> int:
@@ -98,4 +96,5 @@ def page(spec: SpecCase) -> Page:
         unpadded_bytes=unpadded_bytes(spec, spec.block_size),
         page_bytes=padded_bytes(spec, spec.block_size),
         block_stride_alignment=block_stride_alignment(spec),
+        padded=spec.page_size_padded is not None or padded_bytes(spec, spec.block_size) != unpadded_bytes(spec, spec.block_size),
     )
