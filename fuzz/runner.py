@@ -20,17 +20,16 @@ class CaseResult:
     skipped: str | None = None
 
 
-def run_case(target: Target, case: Case, device: str = "cpu", declared: bool = False) -> CaseResult:
-    """`declared`: the case already carries its backends' published fields (corpus entries do)."""
+def run_case(target: Target, case: Case, device: str = "cpu") -> CaseResult:
+    """Declaring is idempotent, so cases that already carry their backends' fields may be re-run."""
     reason = target.unsupported(case)
     if reason is not None:
         return CaseResult(case, Verdict("skipped", reason=reason), skipped=reason)
-    if not declared:
-        try:
-            case = target.declare(case)
-        except Exception as error:  # noqa: BLE001 - the backend refuses the spec at config time
-            reason = f"backend refused the spec: {type(error).__name__}: {error}".splitlines()[0]
-            return CaseResult(case, Verdict("rejected", reason=reason))
+    try:
+        case = target.declare(case)
+    except Exception as error:  # noqa: BLE001 - the backend refuses the spec at config time
+        reason = f"backend refused the spec: {type(error).__name__}: {error}".splitlines()[0]
+        return CaseResult(case, Verdict("rejected", reason=reason))
     expectation = oracles.expect(case, target.info.contract)
     outcome = target.run(case, case.device or device)
     return CaseResult(case, compare(case, expectation, outcome), expectation, outcome)

@@ -104,13 +104,11 @@ def _reject_reason(case: Case, contract: Contract) -> str | None:
 
 
 def _bytes_per_block(case: Case, block_outermost: bool) -> int:
+    group_pages = [(len(g.layers), pages.page(g.spec)) for g in case.groups]
     if not block_outermost:
-        return max(
-            len(g.layers) * pages.round_up(pages.page(g.spec).page_bytes, pages.page(g.spec).block_stride_alignment)
-            for g in case.groups
-        )
-    widest = max(len(g.layers) * pages.page(g.spec).page_bytes for g in case.groups)
-    alignment = math.lcm(*(pages.page(g.spec).block_stride_alignment for g in case.groups))
+        return max(count * pages.round_up(page.page_bytes, page.block_stride_alignment) for count, page in group_pages)
+    widest = max(count * page.page_bytes for count, page in group_pages)
+    alignment = math.lcm(*(page.block_stride_alignment for _, page in group_pages))
     return pages.round_up(widest, alignment)
 
 
