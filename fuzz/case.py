@@ -46,6 +46,25 @@ DTYPE_SIZES = {
 
 # Physical orders of the logical [L, B, H, N, C] axes (outermost first), vLLM 0.29+.
 KV_CACHE_LAYOUTS = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
+# Before 0.29 a layout was a hint each backend's stride order consulted: tokens or heads first.
+LEGACY_LAYOUTS = ("NHD", "HND")
+LAYOUTS = KV_CACHE_LAYOUTS + LEGACY_LAYOUTS
+
+# A backend's declared cache shape (vLLM <= 0.28 get_kv_cache_shape), one entry per axis: an int,
+# or a symbol with an optional multiplier ("B", "T", "H", "D", "2*D"): B kernel blocks, T stored
+# slots per kernel block, H KV heads, D head size.
+SHAPE_SYMBOLS = ("B", "T", "H", "D")
+
+
+def parse_shape_entry(entry: int | str) -> tuple[int, str | None]:
+    """(multiplier, symbol) of one shape entry; symbol None for a plain int."""
+    if isinstance(entry, int) and not isinstance(entry, bool):
+        return entry, None
+    if isinstance(entry, str):
+        factor, _, symbol = entry.rpartition("*")
+        if symbol in SHAPE_SYMBOLS and (factor == "" or factor.isdigit()):
+            return int(factor or 1), symbol
+    raise ValueError(f"{entry!r} is not an int or one of {', '.join(SHAPE_SYMBOLS)} with an optional 'k*' factor")
 
 
 @dataclass(frozen=True)
@@ -96,6 +115,9 @@ class SyntheticBackend:
     name: str
     kernel_block_sizes: tuple[int | str, ...] = ("x1",)
     layouts: tuple[str, ...] | None = None
+    # vLLM <= 0.28 only: the cache shape the backend declares and its stride order (None: identity).
+    shape: tuple[int | str, ...] | None = None
+    stride_order: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +129,10 @@ class GroupCase:
     backend: str | None = None
     synthetic_backend: SyntheticBackend | None = None
     kernel_block_size: int | None = None
+    # What the backend declares for this spec (vLLM <= 0.28), filled in by the target's declare
+    # step: the cache shape pattern and its stride order. Inputs of the oracle, not of vLLM.
+    declared_shape: tuple[int | str, ...] | None = None
+    declared_stride_order: tuple[int, ...] | None = None
 
     @property
     def backend_name(self) -> str:
@@ -218,7 +244,7 @@ def load(path: str | Path) -> Case:
 
 def validate(case: Case) -> None:
     """Consistency rules every case obeys, whatever the target."""
-    _expect(case.layout in KV_CACHE_LAYOUTS, "layout", f"{case.layout!r} is not one of {', '.join(KV_CACHE_LAYOUTS)}")
+    _expect(case.layout in LAYOUTS, "layout", f"{case.layout!r} is not one of {', '.join(LAYOUTS)}")
     _expect(case.device in (None, "cpu", "cuda") or str(case.device).startswith("cuda:"), "device", f"{case.device!r} is not cpu or cuda")
     seen: set[str] = set()
     for i, group in enumerate(case.groups):
@@ -238,6 +264,12 @@ def validate(case: Case) -> None:
         kbs = group.kernel_block_size
         if kbs is not None:
             _expect(kbs >= 1, f"{where}.kernel_block_size", "must be positive")
+        for label, shape, order in (
+            ("declared_shape", group.declared_shape, group.declared_stride_order),
+            ("synthetic_backend.shape", group.synthetic_backend and group.synthetic_backend.shape,
+             group.synthetic_backend and group.synthetic_backend.stride_order),
+        ):
+            _validate_shape(shape, order, f"{where}.{label}")
     for sharer, target in case.kv_sharing:
         _expect(sharer not in seen, "kv_sharing", f"sharing layer {sharer!r} must not own a cache")
         _expect(target in seen, "kv_sharing", f"target {target!r} of {sharer!r} is not a layer of any group")
@@ -266,6 +298,20 @@ def _validate_spec(spec: SpecCase, where: str) -> None:
         _expect(len(spec.mamba_shapes) == len(spec.mamba_dtypes), f"{where}.mamba_dtypes", "needs one dtype per shape")
         for dtype in spec.mamba_dtypes:
             _expect(dtype in DTYPE_SIZES, f"{where}.mamba_dtypes", f"{dtype!r} is not a known dtype")
+
+
+def _validate_shape(shape: tuple[int | str, ...] | None, order: tuple[int, ...] | None, where: str) -> None:
+    if shape is None:
+        return
+    for entry in shape:
+        try:
+            parse_shape_entry(entry)
+        except ValueError as error:
+            raise CaseError(f"{where}: {error}") from None
+    symbols = [parse_shape_entry(e)[1] for e in shape]
+    _expect(symbols.count("B") == 1, where, "needs exactly one block axis 'B'")
+    if order is not None:
+        _expect(sorted(order) == list(range(len(shape))), where, f"stride order {list(order)} is not a permutation of its axes")
 
 
 def _group_from_dict(data: Any, where: str) -> GroupCase:
@@ -300,6 +346,8 @@ def _group_from_dict(data: Any, where: str) -> GroupCase:
             name=str(synthetic.get("name", "synthetic")),
             kernel_block_sizes=sizes,
             layouts=None if layouts is None else tuple(layouts),
+            shape=_optional_tuple(synthetic.get("shape"), f"{where}.synthetic_backend.shape"),
+            stride_order=_optional_tuple(synthetic.get("stride_order"), f"{where}.synthetic_backend.stride_order"),
         )
     kbs = data.get("kernel_block_size")
     return GroupCase(
@@ -308,7 +356,16 @@ def _group_from_dict(data: Any, where: str) -> GroupCase:
         backend=data.get("backend"),
         synthetic_backend=synthetic,
         kernel_block_size=None if kbs is None else _int(kbs, f"{where}.kernel_block_size", minimum=1),
+        declared_shape=_optional_tuple(data.get("declared_shape"), f"{where}.declared_shape"),
+        declared_stride_order=_optional_tuple(data.get("declared_stride_order"), f"{where}.declared_stride_order"),
     )
+
+
+def _optional_tuple(value: Any, where: str) -> tuple[Any, ...] | None:
+    if value is None:
+        return None
+    _expect(isinstance(value, list), where, "must be a list")
+    return tuple(value)
 
 
 def _known_keys(data: dict[str, Any], cls: type, where: str) -> None:

@@ -24,6 +24,10 @@ class Entry:
         """A finding kept as an expected failure of the releases it names."""
         return self.meta.get("signature")
 
+    @property
+    def affected_versions(self) -> list[str]:
+        return list(self.meta.get("affected_versions") or [self.meta.get("vllm_version")])
+
 
 def write_atomic(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)

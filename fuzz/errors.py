@@ -18,3 +18,7 @@ class TargetError(KvfuzzError):
 
 class UsageError(KvfuzzError):
     """An invalid command-line option or combination of options."""
+
+
+class Inexpressible(KvfuzzError):
+    """The target cannot express a case (a skip, never a finding)."""

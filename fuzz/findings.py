@@ -5,8 +5,12 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import Any
 
 KINDS = (
+    "crash-signal",
+    "hang",
+    "oom",
     "crash-on-valid",
     "accepted-invalid",
     "out-of-bounds",
@@ -17,6 +21,7 @@ KINDS = (
     "page-escape",
     "share",
     "order",
+    "probe-mismatch",
 )
 
 _NUMBERS = re.compile(r"\d+")
@@ -45,6 +50,10 @@ class Finding:
     @property
     def signature_id(self) -> str:
         return hashlib.sha256(self.signature.encode()).hexdigest()[:12]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
+        return cls(data["kind"], data["spec_kind"], data["function"], data["message"], data.get("layer"), bool(data.get("latent")))
 
     def to_dict(self) -> dict[str, object]:
         return {

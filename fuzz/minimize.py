@@ -1,10 +1,16 @@
 """Shrink a failing case while it keeps its signature.
 
-Deterministic greedy passes, earliest and largest first: drop groups, drop layers, drop KV
-sharing, then move each number toward its smallest value (blocks, heads, head sizes, block
-size) and each option toward the simplest (layout LBNHC, no padding, default dtype). A pass
-is kept only when the case still fails with the same signature; every candidate is re-planned
-so its kernel block size stays the one vLLM would choose.
+Named passes, run in order and repeated until none makes progress (a fixed point):
+1. groups   - delta debugging over KV-cache groups (drop halves, then single groups);
+2. layers   - the same over each group's layers, and dropping KV sharing;
+3. numbers  - every numeric field toward its smallest valid value: block count to 1, heads to 1,
+              the smallest head and block sizes, no compression;
+4. options  - toward the simplest layout, backend, dtype and options: no padding or alignment,
+              a real backend instead of a synthetic one, the default cache dtype.
+Rules, after Hypothesis' shrinker: every step is a strictly simpler case (by `size`, so progress
+is deterministic and the loop ends), candidates are re-planned so their kernel block size is
+the one vLLM would choose (a shrunk case must stay a case vLLM could build), and a candidate
+is kept only when the target still fails with the same signature.
 """
 
 from __future__ import annotations
@@ -12,87 +18,156 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 
-from fuzz.case import Case, CaseError, GroupCase, SpecCase, validate
-from fuzz.strategies import choose_kernel_block_size
+from fuzz.case import MLA_KINDS, Case, CaseError, GroupCase, SpecCase, validate
+from fuzz.space import BLOCK_SIZES, LAYOUT_ORDER, choose_kernel_block_size
 from fuzz.targets.base import TargetInfo
+from oracles import pages
 
-SIMPLE_LAYOUTS = ("LBNHC", "LBHNC", "BLNHC")
+MAX_STEPS = 600  # candidate runs; a case rarely needs more than a few dozen
 
 
-def minimize(case: Case, still_fails: Callable[[Case], bool], info: TargetInfo, max_steps: int = 400) -> Case:
-    best = case
-    steps = 0
-    improved = True
-    while improved and steps < max_steps:
-        improved = False
-        for candidate in _candidates(best, info):
-            steps += 1
-            if still_fails(candidate):
-                best, improved = candidate, True
+@dataclasses.dataclass
+class ShrinkPass:
+    name: str
+    generate: Callable[[Case, TargetInfo], Iterator[Case]]
+    tried: int = 0
+    kept: int = 0
+
+
+def minimize(case: Case, still_fails: Callable[[Case], bool], info: TargetInfo, max_steps: int = MAX_STEPS) -> tuple[Case, int]:
+    """The smallest case found that still fails, and the number of candidates run."""
+    passes = [ShrinkPass("groups", _drop_groups), ShrinkPass("layers", _drop_layers),
+              ShrinkPass("numbers", _smaller_numbers), ShrinkPass("options", _simpler_options)]
+    best, steps, progress = case, 0, True
+    while progress and steps < max_steps:
+        progress = False
+        for shrink in passes:
+            for candidate in shrink.generate(best, info):
+                candidate = _buildable(candidate, info)
+                if candidate is None or size(candidate) >= size(best):
+                    continue
+                steps += 1
+                shrink.tried += 1
+                if still_fails(candidate):
+                    best, progress = candidate, True
+                    shrink.kept += 1
+                    break
+                if steps >= max_steps:
+                    return best, steps
+            if progress:
                 break
-            if steps >= max_steps:
-                break
-    return best
+    return best, steps
 
 
-def _candidates(case: Case, info: TargetInfo) -> Iterator[Case]:
-    for index in range(len(case.groups) - 1, -1, -1):
-        if len(case.groups) > 1:
-            kept = tuple(g for i, g in enumerate(case.groups) if i != index)
-            yield from _valid(dataclasses.replace(case, groups=kept, kv_sharing=_sharing_within(case, kept)), info)
-    for index, group in enumerate(case.groups):
-        for cut in range(len(group.layers) - 1, 0, -1):
-            yield from _with_group(case, index, dataclasses.replace(group, layers=group.layers[:cut]), info)
+def size(case: Case) -> tuple[int, ...]:
+    """A total order on cases: fewer groups, layers and blocks first, then smaller numbers, then simpler options."""
+    specs = [g.spec for g in case.groups]
+    return (
+        len(case.groups),
+        sum(len(g.layers) for g in case.groups) + len(case.kv_sharing),
+        case.num_blocks,
+        sum(s.num_kv_heads + s.head_size + s.block_size + s.compress_ratio for s in specs),
+        _layout_rank(case.layout),
+        sum(_options(g) for g in case.groups),
+    )
+
+
+def _options(group: GroupCase) -> int:
+    spec = group.spec
+    return ((group.synthetic_backend is not None) + (spec.page_size_padded is not None) + (spec.alignment is not None)
+            + (spec.head_size_v is not None) + (spec.cache_dtype != "auto") + (spec.dtype != "bfloat16"))
+
+
+def _layout_rank(layout: str) -> int:
+    return LAYOUT_ORDER.index(layout) if layout in LAYOUT_ORDER else len(LAYOUT_ORDER)
+
+
+def _drop_groups(case: Case, info: TargetInfo) -> Iterator[Case]:
+    count = len(case.groups)
+    chunk = count // 2
+    while chunk >= 1:
+        for start in range(0, count, chunk):
+            kept = case.groups[:start] + case.groups[start + chunk:]
+            if kept:
+                yield _with_groups(case, kept)
+        chunk //= 2
+
+
+def _drop_layers(case: Case, info: TargetInfo) -> Iterator[Case]:
     if case.kv_sharing:
-        yield from _valid(dataclasses.replace(case, kv_sharing=()), info)
-    for blocks in range(1, case.num_blocks):
-        yield from _valid(dataclasses.replace(case, num_blocks=blocks), info)
-    for layout in SIMPLE_LAYOUTS:
-        if layout != case.layout and SIMPLE_LAYOUTS.index(layout) < _rank(case.layout):
-            yield from _valid(dataclasses.replace(case, layout=layout), info)
+        yield dataclasses.replace(case, kv_sharing=())
     for index, group in enumerate(case.groups):
-        for spec in _simpler_specs(group.spec):
-            yield from _with_group(case, index, dataclasses.replace(group, spec=spec), info)
+        count = len(group.layers)
+        chunk = count // 2
+        while chunk >= 1:
+            for start in range(0, count, chunk):
+                kept = group.layers[:start] + group.layers[start + chunk:]
+                if kept:
+                    yield _with_group(case, index, dataclasses.replace(group, layers=kept))
+            chunk //= 2
 
 
-def _rank(layout: str) -> int:
-    return SIMPLE_LAYOUTS.index(layout) if layout in SIMPLE_LAYOUTS else len(SIMPLE_LAYOUTS)
+def _smaller_numbers(case: Case, info: TargetInfo) -> Iterator[Case]:
+    for blocks in range(1, case.num_blocks):
+        yield dataclasses.replace(case, num_blocks=blocks)
+    for index, group in enumerate(case.groups):
+        spec = group.spec
+        changes: list[dict[str, object]] = []
+        if spec.num_kv_heads > 1 and spec.kind not in MLA_KINDS:
+            changes += [{"num_kv_heads": 1}, {"num_kv_heads": spec.num_kv_heads - 1}]
+        if spec.kind not in MLA_KINDS and spec.kind != "mamba":
+            changes += [{"head_size": h} for h in (16, 32, 64) if h < spec.head_size]
+        changes += [{"block_size": b} for b in BLOCK_SIZES if b < spec.block_size and b % spec.compress_ratio == 0]
+        if spec.compress_ratio > 1:
+            changes.append({"compress_ratio": 1})
+        yield from _spec_changes(case, index, group, changes)
 
 
-def _simpler_specs(spec: SpecCase) -> Iterator[SpecCase]:
-    changes: list[dict[str, object]] = []
-    if spec.page_size_padded is not None:
-        changes.append({"page_size_padded": None})
-    if spec.alignment is not None:
-        changes.append({"alignment": None})
-    if spec.num_kv_heads > 1:
-        changes += [{"num_kv_heads": 1}, {"num_kv_heads": spec.num_kv_heads - 1}]
-    if spec.head_size_v is not None:
-        changes.append({"head_size_v": None})
-    for size in (16, 32, 64):
-        if size < spec.head_size and not spec.is_mla:
-            changes.append({"head_size": size})
-    for size in (16, 32, 64, 128, 256):
-        if size < spec.block_size and size % spec.compress_ratio == 0:
-            changes.append({"block_size": size})
-    if spec.cache_dtype != "auto" and spec.state_content_bytes is None:
-        changes.append({"cache_dtype": "auto", "dtype": "bfloat16", "kv_quant_mode": "none"})
+def _simpler_options(case: Case, info: TargetInfo) -> Iterator[Case]:
+    for layout in LAYOUT_ORDER:
+        if layout in info.layouts and _layout_rank(layout) < _layout_rank(case.layout):
+            yield dataclasses.replace(case, layout=layout)
+    for index, group in enumerate(case.groups):
+        spec = group.spec
+        if group.synthetic_backend is not None:
+            for backend in info.backends:
+                if backend.is_mla == (spec.kind in MLA_KINDS) and spec.cache_dtype in backend.cache_dtypes:
+                    yield _with_group(case, index, dataclasses.replace(group, synthetic_backend=None, backend=backend.name))
+        changes: list[dict[str, object]] = []
+        if spec.page_size_padded is not None and spec.kind != "mamba":
+            changes.append({"page_size_padded": None})
+        if spec.alignment is not None:
+            changes.append({"alignment": None})
+        if spec.head_size_v is not None:
+            changes.append({"head_size_v": None})
+        if spec.cache_dtype != "auto" and spec.state_content_bytes is None:
+            changes.append({"cache_dtype": "auto", "dtype": "bfloat16", "kv_quant_mode": "none"})
+        if spec.dtype != "bfloat16" and spec.cache_dtype == "auto" and spec.kind != "mamba":
+            changes.append({"dtype": "bfloat16"})
+        yield from _spec_changes(case, index, group, changes)
+
+
+def _spec_changes(case: Case, index: int, group: GroupCase, changes: list[dict[str, object]]) -> Iterator[Case]:
     for change in changes:
-        yield dataclasses.replace(spec, **change)  # type: ignore[arg-type]
+        try:
+            spec = dataclasses.replace(group.spec, **change)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        yield _with_group(case, index, dataclasses.replace(group, spec=spec))
 
 
-def _with_group(case: Case, index: int, group: GroupCase, info: TargetInfo) -> Iterator[Case]:
-    groups = tuple(group if i == index else g for i, g in enumerate(case.groups))
-    yield from _valid(dataclasses.replace(case, groups=groups, kv_sharing=_sharing_within(case, groups)), info)
-
-
-def _sharing_within(case: Case, groups: tuple[GroupCase, ...]) -> tuple[tuple[str, str], ...]:
+def _with_groups(case: Case, groups: tuple[GroupCase, ...]) -> Case:
     names = {n for g in groups for n in g.layers}
-    return tuple((s, t) for s, t in case.kv_sharing if t in names)
+    return dataclasses.replace(case, groups=groups, kv_sharing=tuple((s, t) for s, t in case.kv_sharing if t in names))
 
 
-def _valid(case: Case, info: TargetInfo) -> Iterator[Case]:
-    """The candidate with kernel block sizes re-chosen, if it is still a buildable case."""
+def _with_group(case: Case, index: int, group: GroupCase) -> Case:
+    return _with_groups(case, tuple(group if i == index else g for i, g in enumerate(case.groups)))
+
+
+def _buildable(case: Case, info: TargetInfo) -> Case | None:
+    """The candidate with kernel block sizes re-chosen and backend declarations cleared, if it is
+    still a case vLLM could build: a Mamba page stays padded to the attention page."""
     groups = []
     for group in case.groups:
         if group.synthetic_backend is not None:
@@ -101,13 +176,30 @@ def _valid(case: Case, info: TargetInfo) -> Iterator[Case]:
             sizes = info.backend(group.backend).kernel_block_sizes  # type: ignore[union-attr]
         else:
             sizes = (group.spec.block_size,)
-        kernel = choose_kernel_block_size(group.spec.block_size, sizes)
+        kernel = group.spec.block_size if group.spec.kind == "encoder_only" else choose_kernel_block_size(group.spec.block_size, sizes)
         if kernel is None:
-            return
-        groups.append(dataclasses.replace(group, kernel_block_size=kernel))
+            return None
+        groups.append(dataclasses.replace(group, kernel_block_size=kernel, declared_shape=None, declared_stride_order=None))
+    attention = next((g.spec for g in groups if g.spec.kind != "mamba"), None)
+    if attention is not None:
+        for i, group in enumerate(groups):
+            if group.spec.kind == "mamba":
+                spec = _mamba_matching(group.spec, attention)
+                if spec is None:
+                    return None
+                groups[i] = dataclasses.replace(group, spec=spec, kernel_block_size=spec.block_size)
     candidate = dataclasses.replace(case, groups=tuple(groups))
     try:
         validate(candidate)
     except CaseError:
-        return
-    yield candidate
+        return None
+    return candidate
+
+
+def _mamba_matching(spec: SpecCase, attention: SpecCase) -> SpecCase | None:
+    """The Mamba spec re-padded to the attention page, as vLLM's hybrid allocator pads it."""
+    bare = dataclasses.replace(spec, block_size=attention.block_size, page_size_padded=None)
+    page, content = pages.page(attention).page_bytes, pages.page(bare).page_bytes
+    if content > page:
+        return None
+    return dataclasses.replace(bare, page_size_padded=None if content == page else page)

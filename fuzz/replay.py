@@ -15,15 +15,13 @@ class ReplayOutcome:
     detail: str
 
 
-def replay_entry(target: Target, entry: Entry, device: str) -> ReplayOutcome:
-    result = run_case(target, entry.case, device)
-    verdict = result.verdict
+def replay_entry(target: Target, entry: Entry, device: str, probe: bool = False) -> ReplayOutcome:
+    verdict = run_case(target, entry.case, device, probe=probe).verdict
     if verdict.status == "skipped":
         return ReplayOutcome("skipped", verdict.reason or "")
     got = verdict.finding.signature if verdict.finding else None
     expected = entry.expected_signature
-    affected = entry.meta.get("affected_versions") or [entry.meta.get("vllm_version")]
-    if expected is not None and target.info.vllm_version in affected:
+    if expected is not None and target.info.vllm_version in entry.affected_versions:
         if got == expected:
             return ReplayOutcome("expected", f"known finding reproduced: {got}")
         return ReplayOutcome("unexpected", f"known finding did not reproduce (got {got or verdict.status})")

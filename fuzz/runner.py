@@ -1,35 +1,43 @@
-"""Run one case through the oracle and the target, and judge the difference."""
+"""Run one case through the target and the oracle, and judge the difference."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import oracles
+from fuzz import probe
 from fuzz.case import Case
-from fuzz.compare import Verdict, compare
-from fuzz.targets.base import Outcome, Target
+from fuzz.compare import Verdict, compare, spec_kind_of
+from fuzz.findings import Finding
+from fuzz.targets.base import Execution, Outcome, Target
 from oracles.expectation import Expectation
 
 
 @dataclass(frozen=True)
 class CaseResult:
-    case: Case
+    case: Case  # as the target declared it
     verdict: Verdict
     expectation: Expectation | None = None
     outcome: Outcome | None = None
-    skipped: str | None = None
 
 
-def run_case(target: Target, case: Case, device: str = "cpu") -> CaseResult:
-    """Declaring is idempotent, so cases that already carry their backends' fields may be re-run."""
-    reason = target.unsupported(case)
-    if reason is not None:
-        return CaseResult(case, Verdict("skipped", reason=reason), skipped=reason)
-    try:
-        case = target.declare(case)
-    except Exception as error:  # noqa: BLE001 - the backend refuses the spec at config time
-        reason = f"backend refused the spec: {type(error).__name__}: {error}".splitlines()[0]
-        return CaseResult(case, Verdict("rejected", reason=reason))
-    expectation = oracles.expect(case, target.info.contract)
-    outcome = target.run(case, case.device or device)
-    return CaseResult(case, compare(case, expectation, outcome), expectation, outcome)
+def judge(execution: Execution, target_contract: oracles.Contract) -> CaseResult:
+    """The verdict on one execution; the oracle sees only the declared case and the contract."""
+    if execution.skipped is not None:
+        return CaseResult(execution.case, Verdict("skipped", reason=execution.skipped))
+    if execution.refused is not None:
+        return CaseResult(execution.case, Verdict("rejected", reason=f"backend refused the spec: {execution.refused}"))
+    assert execution.outcome is not None
+    expectation = oracles.expect(execution.case, target_contract)
+    verdict = compare(execution.case, expectation, execution.outcome)
+    if verdict.status == "pass" and execution.outcome.probe is not None:
+        difference = probe.check(expectation, execution.outcome)
+        if difference is not None:
+            layer = difference.split(":")[0]
+            verdict = Verdict("finding", Finding("probe-mismatch", spec_kind_of(execution.case, layer), "physical-probe", difference,
+                                                 layer, execution.case.is_latent))
+    return CaseResult(execution.case, verdict, expectation, execution.outcome)
+
+
+def run_case(target: Target, case: Case, device: str = "cpu", probe: bool = False) -> CaseResult:
+    return judge(target.execute(case, case.device or device, probe=probe), target.info.contract)

@@ -1,21 +1,22 @@
 """The independent reference: expected KV-cache views derived from a Case and a contract.
 
 Never imports vLLM. `expect(case, contract)` returns an Expectation: either the views every
-layer must get, byte for byte, or the reason vLLM must reject the case.
+layer must get, as strided byte layouts over the raw buffers, or the reason vLLM must reject
+the case.
 """
 
 from __future__ import annotations
 
 from fuzz.case import Case
-from oracles import layout_placed
+from oracles import backend_shaped, layout_placed
 from oracles.contract import CONTRACTS, LAYOUT_PLACED, LAYOUT_PLACED_KERNEL_MAP, Contract
-from oracles.expectation import Expectation, LayerExpectation
+from oracles.expectation import Expectation, LayerExpectation, PageRule, ViewExpectation
 
 
 def expect(case: Case, contract: Contract) -> Expectation:
     if contract.layout_placed:
         return layout_placed.expect(case, contract)
-    raise NotImplementedError(f"no oracle for contract {contract.name}")
+    return backend_shaped.expect(case, contract)
 
 
 __all__ = [
@@ -25,5 +26,7 @@ __all__ = [
     "Contract",
     "Expectation",
     "LayerExpectation",
+    "PageRule",
+    "ViewExpectation",
     "expect",
 ]

@@ -1,4 +1,9 @@
-"""What the oracle expects of a case: accept with these views, or reject with a reason."""
+"""What the oracle expects of a case: accept it with these views, or reject it with a reason.
+
+Every expected view is a strided byte layout (shape, byte strides, byte offset into one raw
+buffer), so the comparator can check vLLM's view metadata arithmetically and only enumerate
+bytes when it has to explain a difference.
+"""
 
 from __future__ import annotations
 
@@ -8,40 +13,107 @@ import numpy as np
 
 
 @dataclass(frozen=True)
-class LayerExpectation:
-    """The view one layer must get.
+class PageRule:
+    """The bytes manager block b may occupy: `len(span_starts)` spans of `span_len` bytes at
+    `origin + b * block_pitch + start`. Bytes from `pad_start` to `span_len` of a span are padding."""
 
-    `offsets` holds, in the view's logical (row-major) element order, the byte offset into the
-    backing buffer where each element starts; -1 marks view positions that belong to no manager
-    block (the gaps a packed kernel-block view spans but never addresses). `blocks` holds the
-    manager block of each element (-1 for gaps). `pages` maps each block to the half-open byte
-    spans that block may occupy, padding included, and `padding` to its padding spans.
+    origin: int
+    block_pitch: int
+    span_starts: tuple[int, ...]
+    span_len: int
+    pad_start: int
+
+    def spans(self, block: int) -> list[tuple[int, int]]:
+        base = self.origin + block * self.block_pitch
+        return [(base + s, base + s + self.span_len) for s in self.span_starts]
+
+    def padding(self, block: int) -> list[tuple[int, int]]:
+        if self.pad_start >= self.span_len:
+            return []
+        base = self.origin + block * self.block_pitch
+        return [(base + s + self.pad_start, base + s + self.span_len) for s in self.span_starts]
+
+
+@dataclass(frozen=True)
+class ViewExpectation:
+    """One tensor a layer must get.
+
+    `block_axis` indexes kernel blocks: view block k belongs to manager block
+    k // kernel_stride when k % kernel_stride < kernel_ratio; other view blocks are gaps that a
+    packed kernel-page view spans but never addresses.
     """
 
-    name: str
-    group: int
     shape: tuple[int, ...]
+    byte_strides: tuple[int, ...]
+    byte_offset: int
+    buffer: int
     dtype: str
     element_size: int
-    offsets: np.ndarray
-    blocks: np.ndarray
-    pages: dict[int, list[tuple[int, int]]]
-    padding: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    block_axis: int
+    kernel_ratio: int = 1
+    kernel_stride: int = 1
+
+    def element_offsets(self) -> np.ndarray:
+        """Byte offset of every element's first byte, row-major; -1 for gap positions."""
+        offsets = np.full((), self.byte_offset, dtype=np.int64)
+        for size, stride in zip(self.shape, self.byte_strides, strict=True):
+            offsets = offsets[..., None] + np.arange(size, dtype=np.int64) * stride
+        owned = self.owned_mask()
+        return np.where(owned, offsets, -1).reshape(-1)
+
+    def element_blocks(self) -> np.ndarray:
+        """Manager block of every element, row-major; -1 for gap positions."""
+        k = np.arange(self.shape[self.block_axis], dtype=np.int64)
+        block = np.where(k % self.kernel_stride < self.kernel_ratio, k // self.kernel_stride, -1)
+        view = [1] * len(self.shape)
+        view[self.block_axis] = -1
+        return np.broadcast_to(block.reshape(view), self.shape).reshape(-1)
+
+    def owned_mask(self) -> np.ndarray:
+        k = np.arange(self.shape[self.block_axis], dtype=np.int64)
+        view = [1] * len(self.shape)
+        view[self.block_axis] = -1
+        return np.broadcast_to((k % self.kernel_stride < self.kernel_ratio).reshape(view), self.shape)
+
+
+@dataclass(frozen=True)
+class LayerExpectation:
+    name: str
+    group: int
+    views: tuple[ViewExpectation, ...]
+    pages: PageRule
+    # Mamba page views of vLLM 0.27-0.28 cover whole pages, padding included, on purpose.
+    addresses_padding: bool = False
 
 
 @dataclass(frozen=True)
 class Expectation:
     contract: str
-    buffer_bytes: int = 0
+    buffers: tuple[int, ...] = ()  # bytes each raw buffer must hold at least
     layers: dict[str, LayerExpectation] = field(default_factory=dict)
     kv_sharing: dict[str, str] = field(default_factory=dict)
     kernel_block_sizes: dict[int, int] = field(default_factory=dict)
     reject_reason: str | None = None
+    reject_layer: str | None = None  # a layer of the group the reason is about
 
     @property
     def accepted(self) -> bool:
         return self.reject_reason is None
 
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(self.buffers)
 
-def rejected(contract: str, reason: str) -> Expectation:
-    return Expectation(contract=contract, reject_reason=reason)
+
+def rejected(contract: str, reason: str, layer: str | None = None) -> Expectation:
+    return Expectation(contract=contract, reject_reason=reason, reject_layer=layer)
+
+
+def dense_strides(shape: tuple[int, ...], order: tuple[int, ...], element_size: int) -> list[int]:
+    """Byte strides of `shape` laid out densely with axes in physical `order`, outermost first."""
+    strides = [0] * len(shape)
+    pitch = element_size
+    for axis in reversed(order):
+        strides[axis] = pitch
+        pitch *= shape[axis]
+    return strides

@@ -20,12 +20,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from fuzz.case import Case, GroupCase
 from oracles import pages
 from oracles.contract import Contract
-from oracles.expectation import Expectation, LayerExpectation, rejected
+from oracles.expectation import Expectation, LayerExpectation, PageRule, ViewExpectation, rejected
 
 AXES = "LBHNC"
 
@@ -41,9 +39,9 @@ class Placement:
 
 
 def expect(case: Case, contract: Contract) -> Expectation:
-    reason = _reject_reason(case, contract)
+    reason, layer = _reject_reason(case)
     if reason is not None:
-        return rejected(contract.name, reason)
+        return rejected(contract.name, reason, layer)
     order = case.layout
     block_outermost = order[0] == "B"
     bytes_per_block = _bytes_per_block(case, block_outermost)
@@ -52,55 +50,55 @@ def expect(case: Case, contract: Contract) -> Expectation:
     for index, group in enumerate(case.groups):
         placement = _place(group, case.num_blocks, order, bytes_per_block if block_outermost else None)
         if placement is None:
-            return rejected(contract.name, "a padded page needs every axis outside the page to be L, B or of size 1")
+            return rejected(contract.name, "a padded page needs every axis outside the page to be L, B or of size 1", group.layers[0])
         kernel = group.kernel_block_size or group.spec.block_size
         kernel_sizes[index] = kernel
         for position, name in enumerate(group.layers):
             built = _layer_view(name, index, position, group, case.num_blocks, placement, kernel, contract)
             if isinstance(built, str):
-                return rejected(contract.name, built)
+                return rejected(contract.name, built, name)
             layers[name] = built
     sharing = dict(case.kv_sharing)
     for sharer, target in sharing.items():
         layers[sharer] = layers[target]
     return Expectation(
         contract=contract.name,
-        buffer_bytes=bytes_per_block * case.num_blocks,
+        buffers=(bytes_per_block * case.num_blocks,),
         layers=layers,
         kv_sharing=sharing,
         kernel_block_sizes=kernel_sizes,
     )
 
 
-def _reject_reason(case: Case, contract: Contract) -> str | None:
+def _reject_reason(case: Case) -> tuple[str | None, str | None]:
     for group in case.groups:
         spec = group.spec
         page = pages.page(spec)
         kernel = group.kernel_block_size or spec.block_size
         if spec.block_size % kernel:
-            return "the kernel block size does not divide the block size"
+            return "the kernel block size does not divide the block size", group.layers[0]
         if kernel % spec.compress_ratio:
-            return "a kernel block must hold a whole number of compressed states"
+            return "a kernel block must hold a whole number of compressed states", group.layers[0]
         if page.content_bytes % page.element_size:
-            return "the state content is not a whole number of elements"
+            return "the state content is not a whole number of elements", group.layers[0]
         if page.page_bytes < page.unpadded_bytes:
-            return "the padded page is smaller than the page"
+            return "the padded page is smaller than the page", group.layers[0]
         if page.block_stride_alignment == 0:
-            return "the block stride alignment names a kernel block that holds no state"
+            return "the block stride alignment names a kernel block that holds no state", group.layers[0]
         if page.page_bytes % page.element_size:
-            return "the padded page is not a whole number of elements"
+            return "the padded page is not a whole number of elements", group.layers[0]
     page_sizes = {pages.page(g.spec).page_bytes for g in case.groups}
     order = case.layout
     block_compact = set(order[:2]) == {"L", "B"}
     layer_compact = order[0] == "L"
     if len(page_sizes) > 1 and (not block_compact or (len(case.groups) > 1 and layer_compact)):
-        return "the layout cannot express mixed page sizes"
+        return "the layout cannot express mixed page sizes", None
     if order[0] != "B" and not block_compact:
         for group in case.groups:
             page = pages.page(group.spec)
             if pages.round_up(page.page_bytes, page.block_stride_alignment) != page.page_bytes:
-                return "a layout that is not block-compact cannot pad its pages"
-    return None
+                return "a layout that is not block-compact cannot pad its pages", group.layers[0]
+    return None, None
 
 
 def _bytes_per_block(case: Case, block_outermost: bool) -> int:
@@ -166,12 +164,6 @@ def _layer_view(
     else:
         return "a manager block that is not one dense page cannot be split into kernel blocks"
 
-    esz = page.element_size
-    elements = page.content_bytes // esz
-    view_index = np.arange(view_blocks)
-    block = view_index // kernel_stride
-    piece = view_index % kernel_stride
-    owned = piece < ratio
     # A kernel block is the j-th of `ratio` equal pieces of its block's page, laid out inside
     # in the layout's own order of H and N (with Nk states), as if it were a block of its own.
     if ratio > 1 and placement.heads_in_page and page.heads > 1:
@@ -180,45 +172,31 @@ def _layer_view(
         else:
             head_stride, state_stride = page.content_bytes, page.heads * page.content_bytes
     piece_bytes = page.heads * kernel_states * page.content_bytes if dense else kernel_states * state_stride
-    base = position * layer_stride + block * block_stride + piece * piece_bytes
-    head = np.arange(page.heads)
-    state = np.arange(kernel_states)
-    element = np.arange(elements)
-    offsets = (
-        base[:, None, None, None]
-        + head[None, :, None, None] * head_stride
-        + state[None, None, :, None] * state_stride
-        + element[None, None, None, :] * esz
-    )
-    shape = (view_blocks, page.heads, kernel_states, elements)
-    offsets = np.where(owned[:, None, None, None], offsets, -1)
-    blocks = np.broadcast_to(np.where(owned, block, -1)[:, None, None, None], shape)
-    return LayerExpectation(
-        name=name,
-        group=group_index,
-        shape=shape,
+    view = ViewExpectation(
+        shape=(view_blocks, page.heads, kernel_states, page.content_bytes // page.element_size),
+        byte_strides=(block_stride if ratio == 1 else piece_bytes, head_stride, state_stride, page.element_size),
+        byte_offset=position * layer_stride,
+        buffer=0,
         dtype="int8" if spec.kind == "mamba" else spec.dtype,
-        element_size=esz,
-        offsets=offsets.reshape(-1),
-        blocks=np.ascontiguousarray(blocks).reshape(-1),
-        pages={b: _page_spans(position, b, placement) for b in range(num_blocks)},
-        padding={b: _padding_spans(position, b, placement) for b in range(num_blocks)},
+        element_size=page.element_size,
+        block_axis=0,
+        kernel_ratio=ratio,
+        kernel_stride=kernel_stride,
     )
+    return LayerExpectation(name=name, group=group_index, views=(view,), pages=_page_rule(position, placement))
 
 
-def _page_spans(position: int, block: int, placement: Placement) -> list[tuple[int, int]]:
+def _page_rule(position: int, placement: Placement) -> PageRule:
     layer_stride, block_stride, head_stride, _, _ = placement.strides
     page = placement.page
-    start = position * layer_stride + block * block_stride
     if placement.heads_in_page:
-        return [(start, start + page.page_bytes)]
-    piece = page.states * page.content_bytes
-    return [(start + h * head_stride, start + h * head_stride + piece) for h in range(page.heads)]
-
-
-def _padding_spans(position: int, block: int, placement: Placement) -> list[tuple[int, int]]:
-    page = placement.page
-    if not page.padded:
-        return []
-    start = position * placement.strides[0] + block * placement.strides[1]
-    return [(start + page.unpadded_bytes, start + page.page_bytes)]
+        starts, length = (0,), page.page_bytes
+    else:
+        starts, length = tuple(h * head_stride for h in range(page.heads)), page.states * page.content_bytes
+    return PageRule(
+        origin=position * layer_stride,
+        block_pitch=block_stride,
+        span_starts=starts,
+        span_len=length,
+        pad_start=page.unpadded_bytes if page.padded and placement.heads_in_page else length,
+    )

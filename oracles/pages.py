@@ -8,6 +8,7 @@ spec fields alone; see oracles/contract.py for what differs between vLLM generat
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -87,6 +88,7 @@ def block_stride_alignment(spec: SpecCase) -> int:
     return spec.block_stride_alignment or 1
 
 
+@functools.lru_cache(maxsize=8192)
 def page(spec: SpecCase) -> Page:
     return Page(
         heads=heads(spec),

@@ -1,12 +1,21 @@
-"""What every target adapter returns: plain records, never vLLM or torch objects."""
+"""What every target adapter returns: plain records, never vLLM or torch objects.
+
+All records convert to and from JSON-able dicts, so they cross process boundaries (workers,
+Ray actors) and land in reports unchanged.
+"""
 
 from __future__ import annotations
 
+import base64
+import dataclasses
+import zlib
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-from fuzz.case import Case
-from oracles.contract import Contract
+import numpy as np
+
+from fuzz.case import Case, from_dict, to_dict
+from oracles.contract import CONTRACTS, Contract
 
 
 @dataclass(frozen=True)
@@ -20,6 +29,8 @@ class BackendInfo:
     model_dtypes: tuple[str, ...]
     cache_dtypes: tuple[str, ...]
     compresses: bool = False  # serves caches that store several tokens per state
+    # Backend-shaped targets: the block axis of the declared shape is not outermost (K/V first).
+    kv_first: bool = False
 
 
 @dataclass(frozen=True)
@@ -30,51 +41,150 @@ class TargetInfo:
     spec_kinds: tuple[str, ...]
     backends: tuple[BackendInfo, ...]
     layouts: tuple[str, ...]
+    # Case fields (beyond the basics) each spec kind can express on this target.
+    spec_fields: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    kv_sharing: bool = True
 
     def backend(self, name: str) -> BackendInfo | None:
         return next((b for b in self.backends if b.name == name), None)
 
+    def can(self, kind: str, field_name: str) -> bool:
+        return field_name in self.spec_fields.get(kind, ())
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["contract"] = self.contract.name
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TargetInfo:
+        backends = tuple(
+            BackendInfo(**{**b, "kernel_block_sizes": tuple(b["kernel_block_sizes"]),
+                           "layouts": None if b["layouts"] is None else tuple(b["layouts"]),
+                           "model_dtypes": tuple(b["model_dtypes"]), "cache_dtypes": tuple(b["cache_dtypes"])})
+            for b in data["backends"]
+        )
+        return cls(
+            vllm_version=data["vllm_version"],
+            generation=data["generation"],
+            contract=CONTRACTS[data["contract"]],
+            spec_kinds=tuple(data["spec_kinds"]),
+            backends=backends,
+            layouts=tuple(data["layouts"]),
+            spec_fields={k: tuple(v) for k, v in data.get("spec_fields", {}).items()},
+            kv_sharing=data.get("kv_sharing", True),
+        )
+
 
 @dataclass(frozen=True)
 class ViewRecord:
-    """Metadata of one layer's view: enough to compute every element's byte address."""
+    """Metadata of one tensor vLLM produced: enough to compute every element's byte address."""
 
     shape: tuple[int, ...]
     stride: tuple[int, ...]  # in elements
-    offset_bytes: int  # from the start of the backing buffer
+    offset_bytes: int  # from the start of its raw buffer
     dtype: str
     element_size: int
-    same_buffer: bool
-    identity: int = 0  # id() of the tensor object, to tell aliases from copies
+    buffer: int  # index into Outcome.buffers; -1: not on any raw buffer kvfuzz knows
+
+    @property
+    def byte_strides(self) -> tuple[int, ...]:
+        return tuple(s * self.element_size for s in self.stride)
+
+
+@dataclass(frozen=True)
+class BufferRecord:
+    size: int  # bytes
+    layers: tuple[str, ...]  # the layers vLLM put on this buffer
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What the real vLLM code did with a case."""
 
-    views: dict[str, ViewRecord] = field(default_factory=dict)
-    buffer_bytes: int = 0
+    views: dict[str, tuple[ViewRecord, ...]] = field(default_factory=dict)
+    buffers: tuple[BufferRecord, ...] = ()
     kernel_block_sizes: dict[int, int] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)  # layer -> layer whose tensor object it reuses
     error_type: str | None = None
     error_message: str | None = None
     error_function: str | None = None
+    error_layer: str | None = None  # the layer vLLM was working on when it raised, if it says
+    # Physical probe: per layer and tensor, the byte ranges each element was read back from.
+    probe: dict[str, Any] | None = None
 
     @property
     def raised(self) -> bool:
         return self.error_type is not None
 
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(dataclasses.replace(self, probe=None))
+        if self.probe is not None:
+            data["probe"] = {name: [{"buffer": r["buffer"], "bytes": encode_bytes(r["bytes"])} for r in records]
+                             for name, records in self.probe.items()}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Outcome:
+        views = {name: tuple(ViewRecord(**{**v, "shape": tuple(v["shape"]), "stride": tuple(v["stride"])}) for v in records)
+                 for name, records in data.get("views", {}).items()}
+        buffers = tuple(BufferRecord(size=b["size"], layers=tuple(b["layers"])) for b in data.get("buffers", ()))
+        return cls(
+            views=views,
+            buffers=buffers,
+            kernel_block_sizes={int(k): v for k, v in data.get("kernel_block_sizes", {}).items()},
+            aliases=dict(data.get("aliases", {})),
+            error_type=data.get("error_type"),
+            error_message=data.get("error_message"),
+            error_function=data.get("error_function"),
+            error_layer=data.get("error_layer"),
+            probe=data.get("probe"),
+        )
+
+
+def encode_bytes(data: Any) -> str | None:
+    """Raw buffer bytes as JSON text: compressed (probe buffers are mostly canary), then base64."""
+    if data is None:
+        return None
+    return base64.b64encode(zlib.compress(np.asarray(data, dtype=np.uint8).tobytes(), 1)).decode()
+
+
+def decode_bytes(data: Any) -> np.ndarray | None:
+    if data is None or isinstance(data, np.ndarray):
+        return data
+    return np.frombuffer(zlib.decompress(base64.b64decode(data)), dtype=np.uint8)
+
+
+# Error types kvfuzz itself puts in an Outcome when the target process does not answer.
+TARGET_CRASHED = "TargetCrashed"
+TARGET_HUNG = "TargetHung"
+TARGET_OUT_OF_MEMORY = "TargetOutOfMemory"
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One case through a target: the case as its backends declared it, and what happened."""
+
+    case: Case
+    outcome: Outcome | None = None
+    skipped: str | None = None  # the target cannot express the case: a skip, never a finding
+    refused: str | None = None  # a backend refused the spec at configuration time: a rejection
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"case": to_dict(self.case), "outcome": None if self.outcome is None else self.outcome.to_dict(),
+                "skipped": self.skipped, "refused": self.refused}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Execution:
+        outcome = data.get("outcome")
+        return cls(case=from_dict(data["case"]), outcome=None if outcome is None else Outcome.from_dict(outcome),
+                   skipped=data.get("skipped"), refused=data.get("refused"))
+
 
 class Target(Protocol):
     info: TargetInfo
 
-    def declare(self, case: Case) -> Case:
-        """The case with the fields its backends publish (vLLM's customize_spec) filled in."""
-        ...
-
-    def run(self, case: Case, device: str) -> Outcome:
-        """Build the real objects, call vLLM's functions, and record the views."""
-        ...
-
-    def unsupported(self, case: Case) -> str | None:
-        """Why this target cannot express the case (a skip, never a finding), or None."""
+    def execute(self, case: Case, device: str, probe: bool = False) -> Execution:
+        """Declare the case's backend fields, build the real objects, call vLLM, record the views
+        (and with `probe`, write through every view and read the raw bytes back)."""
         ...

