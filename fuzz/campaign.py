@@ -27,7 +27,6 @@ from fuzz.space import Rejected, draw_indexed
 from fuzz.targets.base import TargetInfo
 
 MIN_BATCH, MAX_BATCH = 8, 256
-PROCESS_MINIMIZE_STEPS = 40  # each candidate may cost a worker restart or a whole case timeout
 
 
 @dataclass
@@ -91,6 +90,8 @@ class CampaignOptions:
     corpus_dir: Path = Path("corpus/findings")
     synthetic: bool = True
     probe_every: int = 0
+    # Shrinking a case that kills its worker costs a restart or a whole case timeout per candidate.
+    shrink_seconds: float = 60.0
 
 
 class Campaign:
@@ -213,10 +214,10 @@ class Campaign:
 
     def _on_loss(self, loss: Loss) -> None:
         """A worker died: record what killed it, then let its batch go on after that case."""
-        task = self.batches.get(loss.batch or -1)
-        if task is None or loss.index is None:
-            # Killed while shrinking a finding (or idle): the raw finding is on disk already.
-            self._resume(loss, task, None)
+        task = self.batches.get(loss.batch if loss.batch is not None else -1)
+        if task is None or loss.index is None or loss.phase == protocol.SHRINKING:
+            # Killed while shrinking a finding: the raw finding is on disk, its batch goes on after it.
+            self._resume(loss, task, loss.index if loss.phase == protocol.SHRINKING else None, crashed=False)
             return
         try:
             case = draw_indexed(self.info, task["seed"], loss.index, synthetic=task["synthetic"])
@@ -229,7 +230,7 @@ class Campaign:
                 self._shrink_process_failure(record, case)
         self._resume(loss, task, loss.index)
 
-    def _resume(self, loss: Loss, task: dict[str, Any] | None, failed_index: int | None) -> None:
+    def _resume(self, loss: Loss, task: dict[str, Any] | None, failed_index: int | None, crashed: bool = True) -> None:
         if loss.worker not in self.busy:
             return
         self.busy[loss.worker] = False
@@ -239,7 +240,7 @@ class Campaign:
         end = task["start"] + task["count"]
         resume_at = (failed_index + 1) if failed_index is not None else task["start"]
         self.report.cases += resume_at - task["start"]
-        if failed_index is not None:
+        if failed_index is not None and crashed:
             self.report.verdicts["finding"] += 1
         if resume_at < end:
             rest = {**task, "start": resume_at, "count": end - resume_at, "known": sorted(self.known)}
@@ -257,7 +258,7 @@ class Campaign:
             verdict = judge(target.execute(candidate, self.options.device), self.info.contract).verdict
             return verdict.finding is not None and verdict.finding.kind == record.finding.kind
 
-        small, _ = minimize(case, same_bug, self.info, max_steps=PROCESS_MINIMIZE_STEPS)
+        small, _ = minimize(case, same_bug, self.info, max_seconds=self.options.shrink_seconds)
         self._replace(record, small)
 
     def _meta(self, finding: Finding, minimized: bool) -> dict[str, Any]:

@@ -16,6 +16,7 @@ is kept only when the target still fails with the same signature.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterator
 
 from fuzz.case import MLA_KINDS, Case, CaseError, GroupCase, SpecCase, validate
@@ -34,8 +35,10 @@ class ShrinkPass:
     kept: int = 0
 
 
-def minimize(case: Case, still_fails: Callable[[Case], bool], info: TargetInfo, max_steps: int = MAX_STEPS) -> tuple[Case, int]:
+def minimize(case: Case, still_fails: Callable[[Case], bool], info: TargetInfo, max_steps: int = MAX_STEPS,
+             max_seconds: float | None = None) -> tuple[Case, int]:
     """The smallest case found that still fails, and the number of candidates run."""
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
     passes = [ShrinkPass("groups", _drop_groups), ShrinkPass("layers", _drop_layers),
               ShrinkPass("numbers", _smaller_numbers), ShrinkPass("options", _simpler_options)]
     best, steps, progress = case, 0, True
@@ -52,7 +55,7 @@ def minimize(case: Case, still_fails: Callable[[Case], bool], info: TargetInfo, 
                     best, progress = candidate, True
                     shrink.kept += 1
                     break
-                if steps >= max_steps:
+                if steps >= max_steps or (deadline is not None and time.monotonic() > deadline):
                     return best, steps
             if progress:
                 break

@@ -55,7 +55,7 @@ class Loss:
     detail: str
     batch: int | None
     index: int | None
-    busy: bool
+    phase: int  # protocol.IDLE, RUNNING (the case at index killed it) or SHRINKING (a candidate did)
 
 
 class Pool:
@@ -227,8 +227,8 @@ class Pool:
         for handle in self.workers.values():
             if handle.pid is None or handle.killed_for:
                 continue
-            _, _, started, busy = handle.slot.read()
-            if busy and (now - started) / 1e9 > self.case_timeout:
+            _, _, started, phase = handle.slot.read()
+            if phase != protocol.IDLE and (now - started) / 1e9 > self.case_timeout:
                 self._kill(handle, "hang")
             elif self.max_memory and _resident_bytes(handle.pid) > self.max_memory + (1 << 30):
                 self._kill(handle, "oom")
@@ -245,9 +245,10 @@ class Pool:
         while handle.status is None and time.monotonic() < deadline:
             if self.control is not None and wait([self.control], timeout=0.05):
                 self._drain_control()
-        batch, index, _, busy = handle.slot.read()
+        batch, index, _, phase = handle.slot.read()
         kind, detail = _classify(handle.status, handle.killed_for, self.case_timeout)
-        loss = Loss(handle.number, kind, detail, batch if busy else None, index if busy else None, busy)
+        busy = phase != protocol.IDLE
+        loss = Loss(handle.number, kind, detail, batch if busy else None, index if busy else None, phase)
         if handle.conn is not None:
             handle.conn.close()
         self.restarts += 1

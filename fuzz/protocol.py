@@ -48,9 +48,13 @@ def receive(conn: Connection) -> tuple[str, dict[str, Any]]:
     return name, payload
 
 
+IDLE, RUNNING, SHRINKING = 0, 1, 2  # Slot phases
+
+
 class Slot:
     """What a worker is doing right now, in a small shared file the coordinator can read after
-    the worker died: (batch, case index, start time in ns, busy flag)."""
+    the worker died: (batch, case index, start time in ns, phase). While SHRINKING, the case is
+    the finding being shrunk and the time is the current candidate's start."""
 
     FORMAT = "<qqqq"
     SIZE = struct.calcsize(FORMAT)
@@ -62,15 +66,15 @@ class Slot:
         self._fd = os.open(path, os.O_RDWR)
         self._map = mmap.mmap(self._fd, self.SIZE)
 
-    def start(self, batch: int, index: int) -> None:
-        struct.pack_into(self.FORMAT, self._map, 0, batch, index, time.monotonic_ns(), 1)
+    def start(self, batch: int, index: int, phase: int = RUNNING) -> None:
+        struct.pack_into(self.FORMAT, self._map, 0, batch, index, time.monotonic_ns(), phase)
 
     def finish(self) -> None:
-        struct.pack_into("<q", self._map, 24, 0)
+        struct.pack_into("<q", self._map, 24, IDLE)
 
-    def read(self) -> tuple[int, int, int, bool]:
-        batch, index, started, busy = struct.unpack_from(self.FORMAT, self._map, 0)
-        return batch, index, started, bool(busy)
+    def read(self) -> tuple[int, int, int, int]:
+        batch, index, started, phase = struct.unpack_from(self.FORMAT, self._map, 0)
+        return batch, index, started, phase
 
     def close(self) -> None:
         self._map.close()

@@ -110,14 +110,15 @@ def _limit_memory(max_bytes: int) -> None:
 def _worker_main(address: str, target: Target, spawn: dict[str, Any]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Die at once on a fatal signal: the handlers some libraries install print symbolized stack
+    # traces for seconds, and a core file is of no use here.
+    for fatal in (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT):
+        signal.signal(fatal, signal.SIG_DFL)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     conn = connect(address)
     protocol.send(conn, protocol.HELLO, {"worker": spawn["worker"], "pid": os.getpid()})
     _limit_memory(spawn.get("max_memory", 0))
     Worker(target, conn, protocol.Slot(Path(spawn["slot"]))).serve()
-
-
-# Slot batch number while a worker shrinks a finding: a crash then is a candidate's, not a case's.
-MINIMIZING = -2
 
 
 class Worker:
@@ -187,10 +188,11 @@ class Worker:
         signature = finding["signature"]
 
         def same_bug(candidate: Any) -> bool:
+            # A candidate that kills the worker cuts the shrinking short, not the campaign.
+            self.slot.start(batch, index, protocol.SHRINKING)
             verdict = run_case(self.target, candidate, device).verdict
             return verdict.finding is not None and verdict.finding.signature == signature
 
-        self.slot.start(MINIMIZING, index)
         small, steps = minimize(case, same_bug, self.target.info)
         self.slot.start(batch, index)
         protocol.send(self.conn, protocol.MINIMIZED, {"batch": batch, "index": index, "case": to_dict(small), "steps": steps})

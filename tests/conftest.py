@@ -1,15 +1,43 @@
+"""Shared fixtures. The kvfuzz pytest plugin (fuzz/pytest_plugin.py) supplies kvfuzz_target,
+kvfuzz_device, kvfuzz_entry and the Hypothesis profiles (ci by default)."""
+
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, settings
 
-settings.register_profile("ci", max_examples=60, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
-settings.load_profile("ci")
+from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend
+from fuzz.targets.base import BackendInfo, TargetInfo
+from oracles.contract import LAYOUT_PLACED_KERNEL_MAP, SHAPED_022
+
+ALL_KINDS = ("full", "sliding_window", "mla", "sliding_window_mla", "mamba", "cross", "sink", "chunked_local", "encoder_only")
+EVERY_FIELD = ("compress_ratio", "alignment", "model_version", "head_size_v", "kv_quant_mode", "num_head_slots",
+               "state_content_bytes", "block_stride_alignment", "page_size_padded", "sink_len")
 
 
-@pytest.fixture(scope="session")
-def target():
-    pytest.importorskip("vllm")
-    from fuzz.targets import load_target
+def synthetic_info(contract=LAYOUT_PLACED_KERNEL_MAP, layouts=("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")) -> TargetInfo:
+    """A target description with one attention and one compressing MLA backend, for oracle and generator tests."""
+    return TargetInfo(
+        vllm_version="synthetic", generation="test", contract=contract, spec_kinds=ALL_KINDS,
+        backends=(BackendInfo("A", False, ("x16",), None, ("bfloat16", "float16"), ("auto", "fp8")),
+                  BackendInfo("M", True, (64,), None, ("bfloat16",), ("auto", "fp8_ds_mla"), compresses=True)),
+        layouts=layouts, spec_fields={kind: EVERY_FIELD for kind in ALL_KINDS},
+    )
 
-    return load_target("installed")
+
+@pytest.fixture
+def placed_info() -> TargetInfo:
+    return synthetic_info()
+
+
+@pytest.fixture
+def shaped_info() -> TargetInfo:
+    kinds = tuple(k for k in ALL_KINDS if k != "encoder_only")
+    base = synthetic_info(SHAPED_022, ("NHD", "HND"))
+    return TargetInfo(**{**base.__dict__, "spec_kinds": kinds})
+
+
+def one_group(spec: SpecCase, layout: str = "LBNHC", blocks: int = 4, kernel: int | None = None, layers=("l0",),
+              backend: SyntheticBackend | None = None) -> Case:
+    group = GroupCase(spec=spec, layers=tuple(layers), synthetic_backend=backend or SyntheticBackend("any"),
+                      kernel_block_size=kernel or spec.block_size)
+    return Case(groups=(group,), num_blocks=blocks, layout=layout)

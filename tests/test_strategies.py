@@ -1,12 +1,15 @@
-"""The generators reach every option, and every drawn case is one vLLM could build."""
+"""The generators reach every option, every drawn case is one vLLM could build, and draws replay."""
 
+import random
 from collections import Counter
 
 from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
 
-from fuzz.strategies import accepts, cases, choose_kernel_block_size
+from fuzz.space import RandomSource, Rejected, accepts, choose_kernel_block_size, draw_indexed
+from fuzz.strategies import cases
 from oracles import pages
-from tests.test_oracle import INFO
+from tests.conftest import synthetic_info
 
 
 def test_kernel_block_size_rule():
@@ -17,13 +20,41 @@ def test_kernel_block_size_rule():
     assert accepts((16, "x64"), 128) and not accepts((16,), 32)
 
 
-def test_generators_reach_every_option():
+def test_random_source_pins_draws_to_values():
+    source = RandomSource(random.Random(7))
+    assert [source.integer(0, 9) for _ in range(5)] == [5, 2, 6, 0, 1]
+    assert source.choice(("a", "b", "c")) == "c"
+    assert [source.chance(50) for _ in range(4)] == [True, True, False, True]
+
+
+def test_indexed_draws_replay_exactly(placed_info):
+    first = [draw_indexed(placed_info, 3, i) for i in range(50)]
+    assert [draw_indexed(placed_info, 3, i) for i in range(50)] == first
+    assert len({repr(c) for c in first}) > 40
+
+
+def _realistic(info, case):
+    for group in case.groups:
+        spec = group.spec
+        sizes = group.synthetic_backend.kernel_block_sizes if group.synthetic_backend else (
+            info.backend(group.backend).kernel_block_sizes if group.backend else (spec.block_size,))
+        want = spec.block_size if spec.kind == "encoder_only" else choose_kernel_block_size(spec.block_size, sizes)
+        assert group.kernel_block_size == want, "the kernel block size is the one vLLM's rule picks"
+    attention = [g for g in case.groups if g.spec.kind != "mamba"]
+    for group in case.groups:
+        if group.spec.kind == "mamba":
+            assert pages.page(group.spec).page_bytes == pages.page(attention[0].spec).page_bytes
+            assert len(group.layers) >= max(len(g.layers) for g in attention), "a Mamba layer in every pool"
+
+
+def _count(info, examples):
     counts: Counter[str] = Counter()
 
     @seed(1234)
-    @settings(max_examples=1500, database=None, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(cases(INFO))
+    @settings(max_examples=examples, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(cases(info))
     def draw(case):
+        _realistic(info, case)
         counts["groups=%d" % min(len(case.groups), 2)] += 1
         counts["layout=" + case.layout] += 1
         counts["sharing"] += bool(case.kv_sharing)
@@ -33,22 +64,41 @@ def test_generators_reach_every_option():
             counts["dtype=" + spec.dtype] += 1
             counts["cache=" + spec.cache_dtype] += 1
             counts["padded"] += pages.page(spec).padded
-            counts["compressed"] += spec.compress_ratio > 1
             counts["ratio=%d" % spec.compress_ratio] += 1
             counts["storage-block-1"] += spec.block_size == spec.compress_ratio
             counts["kernel-split"] += (group.kernel_block_size or spec.block_size) < spec.block_size
             counts["synthetic"] += group.synthetic_backend is not None
-            # Realism: the kernel block size is the one vLLM's rule gives for the backend.
-            sizes = group.synthetic_backend.kernel_block_sizes if group.synthetic_backend else (
-                INFO.backend(group.backend).kernel_block_sizes if group.backend else (spec.block_size,))
-            assert group.kernel_block_size == choose_kernel_block_size(spec.block_size, sizes)
 
     draw()
-    wanted = (["groups=1", "groups=2", "sharing", "padded", "compressed", "ratio=4", "ratio=128", "storage-block-1",
-               "kernel-split", "synthetic"]
-              + ["kind=" + k for k in INFO.spec_kinds]
-              + ["layout=" + name for name in INFO.layouts]
+    return counts
+
+
+def test_generators_reach_every_option(placed_info):
+    counts = _count(placed_info, 1500)
+    wanted = (["groups=1", "groups=2", "sharing", "padded", "ratio=4", "ratio=128", "storage-block-1", "kernel-split", "synthetic"]
+              + ["kind=" + k for k in placed_info.spec_kinds] + ["layout=" + name for name in placed_info.layouts]
               + ["dtype=" + d for d in ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2", "uint8", "int8")]
               + ["cache=auto", "cache=fp8", "cache=fp8_ds_mla"])
     missing = [w for w in wanted if counts[w] == 0]
     assert not missing, f"never drawn: {missing}; counts {dict(counts)}"
+
+
+def test_backend_shaped_targets_get_one_backend_and_page_per_case(shaped_info):
+    for index in range(400):
+        try:
+            case = draw_indexed(shaped_info, 5, index)
+        except Rejected:
+            continue
+        attention = [g for g in case.groups if g.spec.kind != "mamba"]
+        assert case.layout in ("NHD", "HND")
+        assert len({(g.backend, g.synthetic_backend) for g in attention}) == 1
+        assert len({pages.page(g.spec).page_bytes for g in case.groups}) == 1
+        assert all(g.spec.head_size_v is None for g in attention)
+
+
+@given(st.data())
+def test_fast_and_hypothesis_paths_draw_from_one_space(data):
+    """A case Hypothesis draws is one the fast path could draw: same builder, same rules."""
+    info = synthetic_info()
+    case = data.draw(cases(info))
+    _realistic(info, case)

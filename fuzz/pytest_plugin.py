@@ -1,0 +1,82 @@
+"""The kvfuzz pytest plugin (entry point `kvfuzz`): fuzz and replay against any vLLM from pytest.
+
+Options:
+  --kvfuzz-vllm SPEC       the target: installed (default), a release such as 0.22.0, or a checkout
+  --kvfuzz-device DEVICE   cpu (default) or cuda
+  --kvfuzz-profile NAME    Hypothesis settings: ci (small, derandomized; default), dev, nightly
+  --kvfuzz-corpus DIR      the corpus replayed by `kvfuzz_entry` tests (default: corpus/)
+
+Fixtures: `kvfuzz_target` (a Target: in-process for the installed vLLM, a worker process
+otherwise), `kvfuzz_device`, and `kvfuzz_entry`, which parametrizes a test over every corpus
+file with a readable id (spec kinds, backends, finding kind or "seed", file stem).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+PROFILES = {
+    "ci": {"max_examples": 60, "derandomize": True},
+    "dev": {"max_examples": 300},
+    "nightly": {"max_examples": 20_000},
+}
+for _name, _values in PROFILES.items():
+    settings.register_profile(_name, deadline=None, suppress_health_check=list(HealthCheck), database=None, **_values)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvfuzz")
+    group.addoption("--kvfuzz-vllm", default="installed", help="vLLM to test: installed, a release (0.22.0) or a checkout folder")
+    group.addoption("--kvfuzz-device", default="cpu", help="cpu or cuda")
+    group.addoption("--kvfuzz-profile", default="ci", choices=sorted(PROFILES), help="Hypothesis settings profile")
+    group.addoption("--kvfuzz-corpus", default=None, help="corpus folder for kvfuzz_entry tests (default: corpus/)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    settings.load_profile(config.getoption("--kvfuzz-profile"))
+
+
+def _corpus_root(config: pytest.Config) -> Path:
+    option = config.getoption("--kvfuzz-corpus")
+    return Path(option) if option else Path(config.rootpath) / "corpus"
+
+
+def entry_id(entry: Any) -> str:
+    kinds = "+".join(g.spec.kind for g in entry.case.groups)
+    backends = "+".join(g.backend_name for g in entry.case.groups)
+    return f"{kinds}-{backends}-{entry.meta.get('kind', 'seed')}-{entry.path.stem[:12]}"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "kvfuzz_entry" in metafunc.fixturenames:
+        from fuzz.corpus import entries
+
+        root = _corpus_root(metafunc.config)
+        found = list(entries(root)) if root.exists() else []
+        metafunc.parametrize("kvfuzz_entry", found, ids=[entry_id(e) for e in found])
+
+
+@pytest.fixture(scope="session")
+def kvfuzz_device(request: pytest.FixtureRequest) -> str:
+    return str(request.config.getoption("--kvfuzz-device"))
+
+
+@pytest.fixture(scope="session")
+def kvfuzz_target(request: pytest.FixtureRequest) -> Iterator[Any]:
+    spec = request.config.getoption("--kvfuzz-vllm")
+    if spec == "installed":
+        pytest.importorskip("vllm")
+        from fuzz.targets import load_local
+
+        yield load_local()
+        return
+    from fuzz import releases
+    from fuzz.pool import Pool, RemoteTarget
+
+    with Pool(releases.resolve(spec), workers=1) as pool:
+        yield RemoteTarget(pool)

@@ -1,0 +1,125 @@
+"""The backend-shaped oracle (vLLM 0.19-0.28) against layouts derived by hand, and its invariants."""
+
+import dataclasses
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend
+from fuzz.strategies import cases
+from oracles import expect
+from oracles.contract import SHAPED_019, SHAPED_021, SHAPED_022, SHAPED_027
+from tests.conftest import one_group, synthetic_info
+from tests.test_oracle import assert_sound
+
+KV_INNER = SyntheticBackend("inner", shape=("B", 2, "T", "H", "D"))
+KV_FIRST = SyntheticBackend("first", shape=(2, "B", "T", "H", "D"))
+LATENT = SyntheticBackend("latent", kernel_block_sizes=(2,), shape=("B", "T", "D"))
+FULL = SpecCase(kind="full", block_size=16, num_kv_heads=2, head_size=64)  # 8192-byte pages
+
+
+def test_deepseek_v4_indexer_1728_byte_page_on_023():
+    # The brief's case: block 256, compress 128 -> 2 stored slots of 584 B = 1168 B, padded to 3 x 576.
+    spec = SpecCase(kind="mla", block_size=256, head_size=584, dtype="uint8", alignment=576, compress_ratio=128,
+                    model_version="deepseek_v4")
+    e = expect(one_group(spec, layout="NHD", blocks=3, kernel=2, backend=LATENT), SHAPED_022)
+    view = e.layers["l0"].views[0]
+    assert view.shape == (3, 2, 584)
+    assert view.byte_strides == (1728, 584, 1)
+    assert e.buffers == (3 * 1728,)
+    assert e.layers["l0"].pages.padding(0) == [(1168, 1728)]
+
+
+def test_kv_inner_backend_is_dense_in_declared_order():
+    view = expect(one_group(FULL, layout="NHD", backend=KV_INNER), SHAPED_022).layers["l0"].views[0]
+    assert view.shape == (4, 2, 16, 2, 64)
+    assert view.byte_strides == (8192, 4096, 256, 128, 2)
+
+
+def test_stride_order_permutes_the_physical_layout():
+    hnd = SyntheticBackend("hnd", shape=("B", 2, "T", "H", "D"), stride_order=(0, 1, 3, 2, 4))
+    view = expect(one_group(FULL, layout="HND", backend=hnd), SHAPED_022).layers["l0"].views[0]
+    assert view.shape == (4, 2, 16, 2, 64)
+    assert view.byte_strides == (8192, 4096, 128, 2048, 2)
+
+
+def test_kv_first_block_has_two_spans():
+    e = expect(one_group(FULL, layout="NHD", backend=KV_FIRST), SHAPED_022)
+    view = e.layers["l0"].views[0]
+    assert view.byte_strides == (16384, 4096, 256, 128, 2)
+    assert e.layers["l0"].pages.spans(1) == [(4096, 8192), (16384 + 4096, 16384 + 8192)]
+
+
+def test_kernel_split_counts_kernel_blocks():
+    spec = SpecCase(kind="full", block_size=64, num_kv_heads=2, head_size=64)
+    view = expect(one_group(spec, layout="NHD", blocks=2, kernel=16, backend=KV_INNER), SHAPED_022).layers["l0"].views[0]
+    assert view.shape == (8, 2, 16, 2, 64)
+    assert view.byte_strides == (8192, 4096, 256, 128, 2)
+    assert view.kernel_ratio == 4
+
+
+def test_no_kernel_split_before_022():
+    spec = SpecCase(kind="full", block_size=64, num_kv_heads=2, head_size=64)
+    view = expect(one_group(spec, layout="NHD", blocks=2, kernel=16, backend=KV_INNER), SHAPED_021).layers["l0"].views[0]
+    assert view.shape == (2, 2, 64, 2, 64)
+
+
+def test_compressed_cache_keeps_its_stored_block_as_kernel_block():
+    spec = SpecCase(kind="mla", block_size=512, head_size=64, dtype="uint8", compress_ratio=4)
+    view = expect(one_group(spec, layout="NHD", blocks=2, kernel=256, backend=LATENT), SHAPED_022).layers["l0"].views[0]
+    assert view.shape == (2, 128, 64)
+
+
+def test_0_19_counts_tokens_not_slots():
+    spec = SpecCase(kind="full", block_size=16, num_kv_heads=1, head_size=64)
+    view = expect(one_group(spec, layout="NHD", backend=KV_INNER), SHAPED_019).layers["l0"].views[0]
+    assert view.shape == (4, 2, 16, 1, 64)
+
+
+def hybrid(contract, backend=KV_FIRST):
+    mamba = SpecCase(kind="mamba", block_size=16, mamba_shapes=((2, 8), (4,)), mamba_dtypes=("float32", "bfloat16"), page_size_padded=8192)
+    case = Case(groups=(GroupCase(spec=FULL, layers=("a0",), synthetic_backend=backend, kernel_block_size=16),
+                        GroupCase(spec=mamba, layers=("m0",), kernel_block_size=16)), num_blocks=3, layout="NHD")
+    return expect(case, contract)
+
+
+def test_kv_first_layer_sharing_a_pool_with_mamba_keeps_blocks_in_pages():
+    e = hybrid(SHAPED_022)
+    attention = e.layers["a0"].views[0]
+    assert attention.byte_strides == (4096, 8192, 256, 128, 2)  # K of block b at b*page, V half a page later
+    assert e.layers["a0"].pages.spans(2) == [(16384, 24576)]
+    assert_sound(e)
+
+
+def test_mamba_state_views_are_packed_in_the_page():
+    per_state = hybrid(SHAPED_022).layers["m0"].views
+    assert [(v.shape, v.byte_strides, v.byte_offset) for v in per_state] == [((3, 2, 8), (8192, 32, 4), 0), ((3, 4), (8192, 2), 64)]
+    page_bytes = hybrid(SHAPED_027).layers["m0"]
+    assert [(v.shape, v.byte_strides, v.dtype) for v in page_bytes.views] == [((3, 1, 1, 8192), (8192, 8192, 8192, 1), "int8")]
+    assert page_bytes.addresses_padding
+
+
+def test_shape_that_does_not_cover_the_page_is_rejected():
+    short = SyntheticBackend("short", shape=("B", "T", "H", "D"))  # K only: half the page
+    e = expect(one_group(FULL, layout="NHD", backend=short), SHAPED_022)
+    assert not e.accepted and "cover" in e.reject_reason
+
+
+def test_padded_kv_first_is_rejected():
+    spec = SpecCase(kind="full", block_size=16, num_kv_heads=2, head_size=64, page_size_padded=9000)
+    e = expect(one_group(spec, layout="NHD", backend=KV_FIRST), SHAPED_022)
+    assert not e.accepted and "outermost" in e.reject_reason
+
+
+@given(st.data())
+def test_shaped_oracle_layouts_are_sound(data):
+    kinds = ("full", "sliding_window", "mla", "sliding_window_mla", "mamba", "cross", "sink", "chunked_local")
+    info = synthetic_info(SHAPED_022, ("NHD", "HND"))
+    info = type(info)(**{**info.__dict__, "spec_kinds": kinds})
+    case = data.draw(cases(info))
+    # What the test target's backends declare (a real target's declare step asks vLLM).
+    shapes = {"A": ("B", 2, "T", "H", "D"), "M": ("B", "T", "D")}
+    groups = tuple(dataclasses.replace(g, declared_shape=shapes[g.backend]) if g.backend else g for g in case.groups)
+    e = expect(dataclasses.replace(case, groups=groups), SHAPED_022)
+    if e.accepted:
+        assert_sound(e)
