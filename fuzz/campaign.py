@@ -90,6 +90,8 @@ class CampaignOptions:
     corpus_dir: Path = Path("corpus/findings")
     synthetic: bool = True
     probe_every: int = 0
+    scale: str = "small"
+    max_buffer_bytes: int = 1 << 30
     # Shrinking a case that kills its worker costs a restart or a whole case timeout per candidate.
     shrink_seconds: float = 60.0
 
@@ -160,7 +162,7 @@ class Campaign:
         self.batch_counter += 1
         task = {"batch": self.batch_counter, "seed": self.options.seed, "start": self.next_index, "count": count,
                 "synthetic": self.options.synthetic, "device": self.options.device, "known": sorted(self.known),
-                "probe_every": self.options.probe_every}
+                "probe_every": self.options.probe_every, "scale": self.options.scale, "max_buffer_bytes": self.options.max_buffer_bytes}
         self.next_index += count
         self.batches[self.batch_counter] = task
         self.busy[worker] = True
@@ -220,7 +222,7 @@ class Campaign:
             self._resume(loss, task, loss.index if loss.phase == protocol.SHRINKING else None, crashed=False)
             return
         try:
-            case = draw_indexed(self.info, task["seed"], loss.index, synthetic=task["synthetic"])
+            case = draw_indexed(self.info, task["seed"], loss.index, synthetic=task["synthetic"], scale=task["scale"])
         except Rejected:
             case = None
         if case is not None:

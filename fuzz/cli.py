@@ -66,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-synthetic", action="store_true", help="draw only vLLM's own backends")
     run.add_argument("--probe", choices=("metadata", "physical"), default="metadata", help="compare view metadata, or bytes on the device")
     run.add_argument("--probe-every", type=_positive(int), help="with --probe metadata, probe every K-th case physically")
+    run.add_argument("--scale", choices=("small", "production"), default="small",
+                     help="small buffers, or production block counts and geometry (metadata on the meta device)")
+    run.add_argument("--max-buffer-bytes", type=_positive(int), default=1 << 30, help="production scale with --probe physical: largest buffer")
     run.add_argument("--quiet", action="store_true", help="no progress output")
 
     replay = sub.add_parser("replay", help="re-run corpus files")

@@ -50,7 +50,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError("--probe-every goes with --probe metadata (physical probes every case already)")
     options = CampaignOptions(device=args.device, max_time=args.max_time, max_cases=args.max_cases, seed=args.seed,
                               corpus_dir=args.corpus, synthetic=not args.no_synthetic,
-                              probe_every=1 if args.probe == "physical" else (args.probe_every or 0))
+                              probe_every=1 if args.probe == "physical" else (args.probe_every or 0),
+                              scale=args.scale, max_buffer_bytes=args.max_buffer_bytes)
     with open_pool(args, workers=_worker_count(args)) as pool:
         assert pool.info is not None
         label = pool.source.label

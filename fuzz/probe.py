@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from fuzz.targets.base import Outcome, decode_bytes
+from fuzz.targets.common import storage_key
 from oracles.expectation import Expectation, ViewExpectation
 
 CANARY = 0xA5
@@ -43,7 +44,7 @@ def pattern(numel: int, element_size: int, salt: int, device: torch.device | str
 
 def physical_probe(views: dict[str, Any], raw: list[torch.Tensor]) -> dict[str, Any]:
     """Per layer and tensor: which buffer it lives on and that buffer's bytes after writing it."""
-    pointers = {buffer.untyped_storage().data_ptr(): i for i, buffer in enumerate(raw)}
+    pointers = {storage_key(buffer): i for i, buffer in enumerate(raw)}
     seen: dict[int, str] = {}
     readback: dict[str, Any] = {}
     for name, value in views.items():
@@ -54,7 +55,7 @@ def physical_probe(views: dict[str, Any], raw: list[torch.Tensor]) -> dict[str, 
             seen[id(tensors[0])] = name
         records = []
         for salt, tensor in enumerate(tensors):
-            index = pointers.get(tensor.untyped_storage().data_ptr(), -1)
+            index = pointers.get(storage_key(tensor), -1)
             if index < 0:
                 records.append({"buffer": -1, "bytes": None})
                 continue

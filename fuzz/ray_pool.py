@@ -12,10 +12,11 @@ its home actor i while that actor lives. An actor that dies (its node is lost, i
 is not a finding: the batch it held is queued again whole and taken by the next free live actor,
 Ray restarts the dead actor somewhere, and once it answers again it takes back its own worker.
 
-The target's vLLM is resolved once on the driver; a release or checkout travels to the nodes as a
-tar in Ray's object store (unpacked once per node), and kvfuzz's own packages travel as Ray
-py_modules, so every node fuzzes the same vLLM with the same kvfuzz. Ray is optional: this module
-imports without it, and `open_ray_pool` says how to install it.
+The target's vLLM is resolved once on the driver; a release or checkout is packed into a tar that a
+depot actor on the driver's node hands out through Ray's object store (each node unpacks it once),
+and kvfuzz's own packages travel as the job's py_modules, so every node fuzzes the same vLLM with
+the same kvfuzz and needs neither a package index nor kvfuzz installed. Ray is optional: this
+module imports without it, and `open_ray_pool` says how to install it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import shutil
 import tarfile
 import tempfile
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from functools import cache
@@ -59,12 +61,16 @@ _EXCLUDES = ["__pycache__", "*.pyc"]
 class NodeRelay:
     """A Ray actor's body: one local Pool (zygote + one worker) on this node, driven call by call."""
 
-    def __init__(self, source: dict[str, Any], archive: bytes | None, case_timeout: float, max_memory: int) -> None:
+    def __init__(self, source: dict[str, Any], depot: str | None, case_timeout: float, max_memory: int) -> None:
+        import ray
+
         self.error: str | None = None
         self.awaiting_ack = False
         self.pool: Pool | None = None
+        self.target_path = ""
         try:
-            python_path = unpack_target(archive) if archive is not None else None
+            python_path = unpack_target(ray.get(ray.get_actor(depot).fetch.remote())) if depot is not None else None
+            self.target_path = str(python_path or "")
             local = TargetSource(source["spec"], source["kind"], source["version"], python_path)
             self.pool = Pool(local, workers=1, case_timeout=case_timeout, max_memory=max_memory)
         except Exception as error:  # noqa: BLE001 - hello() reports it; a raising constructor would only be restarted
@@ -75,7 +81,7 @@ class NodeRelay:
 
         context = ray.get_runtime_context()
         answer = {"node": context.get_node_id(), "address": ray.util.get_node_ip_address(), "pid": os.getpid(),
-                  "kvfuzz": str(Path(__file__).resolve().parent)}
+                  "kvfuzz": str(Path(__file__).resolve().parent), "target_path": self.target_path}
         if self.pool is None or self.pool.info is None:
             return {**answer, "error": self.error or "the target did not load"}
         return {**answer, "info": self.pool.info.to_dict(), "restarts": self.pool.restarts}
@@ -126,6 +132,19 @@ class NodeRelay:
         while not self.pool.poll(RELAY_POLL_S)[1]:
             pass
         self.awaiting_ack = False
+
+
+class TargetDepot:
+    """A Ray actor on the driver's node that hands the packed vLLM to every relay that (re)starts.
+
+    Relays look it up by name: an ObjectRef or actor handle among a restartable actor's constructor
+    arguments makes Ray warn that a restart may not find it again (ray-project/ray#53727)."""
+
+    def __init__(self, archive: bytes) -> None:
+        self.archive = archive
+
+    def fetch(self) -> bytes:
+        return self.archive
 
 
 def pack_target(source: TargetSource) -> bytes | None:
@@ -199,8 +218,17 @@ class Member:
 @dataclass
 class NodeStats:
     address: str
+    joined: float  # when its first actor answered (monotonic)
+    left: float | None = None  # when its last live actor was lost
     cases: int = 0
     restarts: int = 0
+
+    def rate(self, began: float | None, now: float) -> float:
+        """Cases per second while the node took part in the campaign."""
+        if began is None:
+            return 0.0
+        seconds = (self.left or now) - max(began, self.joined)
+        return self.cases / seconds if seconds > 0 else 0.0
 
 
 class RayPool:
@@ -210,26 +238,26 @@ class RayPool:
     def __init__(self, source: TargetSource, *, device: str = "cpu", workers: int | None = None, case_timeout: float = 60.0,
                  max_memory: int = 4 << 30, start_timeout: float = START_TIMEOUT, lost_timeout: float = LOST_TIMEOUT,
                  owns_ray: bool = False) -> None:
-        import ray
-
         self.source = source
         self.device = device
         self.lost_timeout = lost_timeout
         self.start_timeout = start_timeout
         self.owns_ray = owns_ray
         self.restarts = 0
+        self.reruns = 0  # batches run again because the actor holding them was lost
         self.info: TargetInfo | None = None
         self.queue: deque[Job] = deque()
         self.node_stats: dict[str, NodeStats] = {}
         self.began: float | None = None
         self.none_alive_since: float | None = None
-        archive = pack_target(source)
-        self._arguments = ({"spec": source.spec, "kind": source.kind, "version": source.version},
-                           ray.put(archive) if archive is not None else None, case_timeout, max_memory)
         self.members: list[Member] = []
         self._spare: Member | None = None
+        self._depot: Any = None
         try:
-            count = workers or _cluster_slots(device)
+            depot = self._ship(source)
+            self._arguments = ({"spec": source.spec, "kind": source.kind, "version": source.version}, depot, case_timeout, max_memory)
+            slots = _cluster_slots(device)
+            count = workers or slots
             self.members = [Member(number, self._create(scheduling="SPREAD")) for number in range(count)]
             self._start(self.members)
         except BaseException:
@@ -237,6 +265,19 @@ class RayPool:
             raise
 
     # ------------------------------------------------------------------ lifecycle
+
+    def _ship(self, source: TargetSource) -> str | None:
+        """Pack a release or checkout once, into a depot actor on this node; its name, or None for `installed`."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        archive = pack_target(source)
+        if archive is None:
+            return None
+        name = f"kvfuzz-depot-{uuid.uuid4().hex}"
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self._depot = ray.remote(TargetDepot).options(name=name, num_cpus=0, scheduling_strategy=here).remote(archive)
+        return name
 
     def _create(self, *, scheduling: Any, spare: bool = False) -> Any:
         gpu = self.device.startswith("cuda")
@@ -281,7 +322,7 @@ class RayPool:
             return False
         member.node, member.address, member.alive = hello["node"], hello["address"], True
         member.seen_restarts = hello["restarts"]
-        self.node_stats.setdefault(member.node, NodeStats(member.address))
+        self.node_stats.setdefault(member.node, NodeStats(member.address, time.monotonic())).left = None
         return True
 
     def _retire(self, member: Member) -> None:
@@ -289,17 +330,24 @@ class RayPool:
 
         member.alive, member.retired = False, True
         ray.kill(member.handle, no_restart=True)
+        self._note_departure(member.node)
+
+    def _note_departure(self, node: str) -> None:
+        stats = self.node_stats.get(node)
+        if stats is not None and not any(m.alive and m.node == node for m in self.members):
+            stats.left = time.monotonic()
 
     def close(self) -> None:
         import ray
 
         members = [m for m in [*self.members, self._spare] if m is not None and not m.retired]
-        closing = [m.handle.close.remote() for m in members]
+        # Closing the local pools removes their folders; a lost actor's processes are gone with it.
+        closing = [m.handle.close.remote() for m in members if m.alive]
         if closing:
             ray.wait(closing, num_returns=len(closing), timeout=10)
-        for member in members:
-            ray.kill(member.handle, no_restart=True)
-        self.members, self._spare = [], None
+        for handle in [m.handle for m in members] + ([self._depot] if self._depot is not None else []):
+            ray.kill(handle, no_restart=True)
+        self.members, self._spare, self._depot = [], None, None
         if self.owns_ray:
             ray.shutdown()
             self.owns_ray = False
@@ -370,12 +418,12 @@ class RayPool:
 
     def nodes(self) -> list[dict[str, Any]]:
         """Per node: id, address, live fuzzing actors, cases done, cases/s since the first batch, restarts."""
-        elapsed = time.monotonic() - self.began if self.began else 0.0
+        now = time.monotonic()
         rows = []
         for node, stats in sorted(self.node_stats.items(), key=lambda item: (item[1].address, item[0])):
             alive = sum(1 for m in self.members if m.alive and m.node == node)
             rows.append({"node": node, "address": stats.address, "workers": alive, "cases": stats.cases,
-                         "cases_per_s": round(stats.cases / elapsed, 1) if elapsed else 0.0, "restarts": stats.restarts})
+                         "cases_per_s": round(stats.rate(self.began, now), 1), "restarts": stats.restarts})
         return rows
 
     # ------------------------------------------------------------------ scheduling batches onto actors
@@ -420,8 +468,8 @@ class RayPool:
         if kind == "hello":
             if "error" in result:
                 self._retire(member)
-            elif self._admit(member, result):
-                member.checked = 0.0
+            else:
+                self._admit(member, result)
             return
         self._relay(member, result, messages, losses)
 
@@ -440,7 +488,7 @@ class RayPool:
             if "loss" in event:
                 loss = Loss(**{**event["loss"], "worker": job.worker})
                 losses.append(loss)
-                stats.cases += loss.index - job.task["start"] + 1 if loss.index is not None and loss.batch == job.task["batch"] else 0
+                stats.cases += _cases_through(loss, job.task)
                 member.job = None
                 continue
             name, payload = event["message"], event["payload"]
@@ -457,6 +505,7 @@ class RayPool:
             self.node_stats[member.node].restarts += 1
         self.restarts += 1
         member.alive, member.checked = False, time.monotonic()
+        self._note_departure(member.node)
         job, member.job = member.job, None
         if job is None:
             return
@@ -464,6 +513,7 @@ class RayPool:
             task = job.task
             raise TargetError(f"batch {task['batch']} (cases {task['start']}..{task['start'] + task['count'] - 1} of seed {task['seed']}) "
                               f"took down {MAX_ATTEMPTS} Ray workers in a row; see the Ray logs of the nodes")
+        self.reruns += 1
         self.queue.appendleft(dataclasses.replace(job, attempts=job.attempts + 1))
 
     def _hello_failed(self, member: Member, error: Exception) -> None:
@@ -585,6 +635,13 @@ def _connect(address: str) -> None:
         ray.init(address="auto", **quiet)
     except (ConnectionError, ValueError, RuntimeError):
         ray.init(object_store_memory=256 << 20, **quiet)
+
+
+def _cases_through(loss: Loss, task: dict[str, Any]) -> int:
+    """Cases of `task` done when its worker was lost, the one that killed it included (as the campaign counts them)."""
+    if loss.index is None or loss.batch != task["batch"]:
+        return 0
+    return loss.index - task["start"] + 1
 
 
 @cache

@@ -65,7 +65,12 @@ CACHE_DTYPES: dict[str, tuple[str | None, str]] = {
 DS_MLA_BYTES = {None: 656, "deepseek_v4": 584}
 KIND_ORDER = ("full", "sliding_window", "mla", "sliding_window_mla", "chunked_local", "sink", "cross", "encoder_only", "mamba")
 LAYOUT_ORDER = ("LBNHC", "LBHNC", "BLNHC", "BLHNC", "BHLNC", "LHBNC", "NHD", "HND")
-MAX_BUFFER_BYTES = 8 << 20
+MAX_BUFFER_BYTES = 2 << 20
+# Production scale: block counts and geometry of real deployments (DeepSeek V4 crashed at 30,819
+# blocks per layer). Such buffers are described, not allocated: the target runs on the meta device.
+PRODUCTION_BLOCKS = (30819, 2048, 65537, 131072, 1 << 20)
+PRODUCTION_HEADS = (8, 1, 2, 4, 16, 32)
+SCALES = ("small", "production")
 
 
 class Source(Protocol):
@@ -112,13 +117,14 @@ def case_seed(campaign_seed: int, index: int) -> int:
     return (campaign_seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
 
 
-def draw_indexed(info: TargetInfo, campaign_seed: int, index: int, synthetic: bool = True, attempts: int = 50) -> Case:
+def draw_indexed(info: TargetInfo, campaign_seed: int, index: int, synthetic: bool = True, attempts: int = 50,
+                 scale: str = "small") -> Case:
     """Case `index` of a campaign: deterministic for a given target, seed and index."""
     rng = random.Random(case_seed(campaign_seed, index))
     source = RandomSource(rng)
     for _ in range(attempts):
         try:
-            return draw_case(source, info, synthetic=synthetic)
+            return draw_case(source, info, synthetic=synthetic, scale=scale)
         except Rejected:
             continue
     raise Rejected(f"no valid case in {attempts} attempts for index {index}")
@@ -128,8 +134,9 @@ def ordered(items: Sequence[str], order: Sequence[str]) -> list[str]:
     return sorted(items, key=lambda x: order.index(x) if x in order else len(order))
 
 
-def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_groups: int = 3) -> Case:
+def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_groups: int = 3, scale: str = "small") -> Case:
     shaped = not info.contract.layout_placed
+    production = scale == "production"
     kinds = ordered([k for k in info.spec_kinds if k != "mamba"], KIND_ORDER)
     first_kind = source.choice(kinds)
     group_kinds = [first_kind]
@@ -145,7 +152,8 @@ def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_grou
         if kind == "mamba":
             continue
         layer_count = source.integer(1, 3)
-        group = _attention_group(source, info, kind, len(groups), layer_count, synthetic, shaped, cache_dtype, groups[0] if groups else None)
+        group = _attention_group(source, info, kind, len(groups), layer_count, synthetic, shaped, cache_dtype, groups[0] if groups else None,
+                                 production)
         if shaped:
             cache_dtype = group.spec.cache_dtype
         backend = info.backend(group.backend) if group.backend else None
@@ -161,25 +169,29 @@ def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_grou
             spec = _mamba_spec(source, groups[0].spec.block_size, attention_page)
             names = tuple(f"g{len(groups)}.l{j}" for j in range(depth + source.integer(0, 1)))
             groups.append(GroupCase(spec=spec, layers=names, kernel_block_size=spec.block_size))
-    page_sizes = {pages.page(g.spec).page_bytes for g in groups}
-    if len(page_sizes) > 1:
+    group_pages = [pages.page(g.spec) for g in groups]
+    if len({p.page_bytes for p in group_pages}) > 1:
         if shaped:
             source.reject()
         layouts = {name for name in layouts if set(name[:2]) == {"L", "B"} and (len(groups) == 1 or name[0] == "B")}
+    if len({(p.heads, p.states, p.page_bytes) for p in group_pages}) > 1:
+        # vLLM's layout resolution keeps block-compact layouts only for mixed page shapes.
+        layouts = {name for name in layouts if set(name[:2]) == {"L", "B"} or name in ("NHD", "HND")}
     if not layouts:
         source.reject()
     layout = source.choice(ordered(sorted(layouts), LAYOUT_ORDER))
     sharing: tuple[tuple[str, str], ...] = ()
     if info.kv_sharing and source.chance(15):
         sharing = (("g0.shared", groups[0].layers[-1]),)
-    case = Case(groups=tuple(groups), num_blocks=source.integer(1, 4), layout=layout, kv_sharing=sharing)
-    if _buffer_bytes(case) > MAX_BUFFER_BYTES:
+    blocks = source.choice(PRODUCTION_BLOCKS) if production else source.integer(1, 4)
+    case = Case(groups=tuple(groups), num_blocks=blocks, layout=layout, kv_sharing=sharing)
+    if not production and buffer_bytes(case) > MAX_BUFFER_BYTES:
         source.reject()
     return case
 
 
 def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, layer_count: int, synthetic: bool, shaped: bool,
-                     cache_dtype: str | None, first: GroupCase | None) -> GroupCase:
+                     cache_dtype: str | None, first: GroupCase | None, production: bool = False) -> GroupCase:
     mla = kind in MLA_KINDS
     if shaped and first is not None:
         # One model, one attention backend: pools shared by groups keep one block arrangement, and
@@ -197,7 +209,7 @@ def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, la
         if not use_synthetic and not candidates:
             source.reject()
         backend = None if use_synthetic else source.choice(candidates)
-        spec = _attention_spec(source, info, kind, backend, shaped, cache_dtype)
+        spec = _attention_spec(source, info, kind, backend, shaped, cache_dtype, production)
         fake = _synthetic_backend(source, info, mla, shaped) if use_synthetic else None
     sizes = fake.kernel_block_sizes if fake else backend.kernel_block_sizes  # type: ignore[union-attr]
     # vLLM picks no kernel block size for encoder-only groups: they keep the manager block.
@@ -210,7 +222,7 @@ def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, la
 
 
 def _attention_spec(source: Source, info: TargetInfo, kind: str, backend: BackendInfo | None, shaped: bool,
-                    cache_dtype: str | None) -> SpecCase:
+                    cache_dtype: str | None, production: bool = False) -> SpecCase:
     mla = kind in MLA_KINDS
     block_size = source.choice(BLOCK_SIZES)
     if backend is None:
@@ -245,8 +257,8 @@ def _attention_spec(source: Source, info: TargetInfo, kind: str, backend: Backen
         if info.can(kind, "alignment") and source.chance(40):
             fields["alignment"] = source.choice((576, 512))
     else:
-        fields["num_kv_heads"] = source.integer(1, 4)
-        fields["head_size"] = source.choice(HEAD_SIZES)
+        fields["num_kv_heads"] = source.choice(PRODUCTION_HEADS) if production else source.integer(1, 4)
+        fields["head_size"] = source.choice((128, 256, 64, 512) if production else HEAD_SIZES)
         if not shaped and info.can(kind, "head_size_v") and source.chance(30):
             fields["head_size_v"] = source.choice(HEAD_SIZES)
     fields.update(_kind_fields(source, kind))
@@ -305,8 +317,9 @@ def choose_kernel_block_size(block_size: int, sizes: Sequence[int | str]) -> int
     return next((s for s in explicit if accepts(sizes, s)), None)
 
 
-def _buffer_bytes(case: Case) -> int:
+def buffer_bytes(case: Case) -> int:
     return case.num_blocks * sum(len(g.layers) * pages.page(g.spec).page_bytes for g in case.groups)
 
 
-__all__ = ["DTYPE_SIZES", "RandomSource", "Rejected", "Source", "accepts", "case_seed", "choose_kernel_block_size", "draw_case", "draw_indexed"]
+__all__ = ["DTYPE_SIZES", "RandomSource", "Rejected", "Source", "accepts", "buffer_bytes", "case_seed", "choose_kernel_block_size", "draw_case",
+           "draw_indexed"]

@@ -26,7 +26,7 @@ from fuzz.case import from_dict, to_dict
 from fuzz.findings import normalize
 from fuzz.minimize import minimize
 from fuzz.runner import run_case
-from fuzz.space import Rejected, draw_indexed
+from fuzz.space import Rejected, buffer_bytes, draw_indexed
 from fuzz.targets.base import Target
 
 
@@ -158,13 +158,24 @@ class Worker:
         probe_every = task.get("probe_every", 0)
         for index in range(task["start"], task["start"] + task["count"]):
             self.slot.start(batch, index)
+            scale = task.get("scale", "small")
             try:
-                case = draw_indexed(info, task["seed"], index, synthetic=task["synthetic"])
+                case = draw_indexed(info, task["seed"], index, synthetic=task["synthetic"], scale=scale)
             except Rejected:
                 tallies["verdicts"]["unbuildable"] += 1
                 continue
             probe = bool(probe_every) and index % probe_every == 0
-            result = run_case(self.target, case, task["device"], probe=probe)
+            device = task["device"]
+            if scale == "production":
+                # Metadata runs describe production-size buffers on the meta device; physical
+                # probes allocate them, up to the cap.
+                if not probe:
+                    device = "meta"
+                elif buffer_bytes(case) > task.get("max_buffer_bytes", 0):
+                    tallies["verdicts"]["skipped"] += 1
+                    tallies["skips"]["larger than --max-buffer-bytes"] += 1
+                    continue
+            result = run_case(self.target, case, device, probe=probe)
             verdict = result.verdict
             tallies["verdicts"][verdict.status] += 1
             if verdict.status == "rejected":
@@ -174,7 +185,7 @@ class Worker:
             finding = verdict.finding
             if finding is not None and finding.signature not in self.known:
                 self.known.add(finding.signature)
-                self._report(batch, index, case, result.case, finding.to_dict(), task["device"])
+                self._report(batch, index, case, result.case, finding.to_dict(), device)
         self.slot.finish()
         protocol.send(self.conn, protocol.BATCH, {"batch": batch, "done": task["count"], "elapsed": time.monotonic() - began,
                                                   **{k: dict(v) for k, v in tallies.items()}})

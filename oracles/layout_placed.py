@@ -93,6 +93,10 @@ def _reject_reason(case: Case) -> tuple[str | None, str | None]:
     layer_compact = order[0] == "L"
     if len(page_sizes) > 1 and (not block_compact or (len(case.groups) > 1 and layer_compact)):
         return "the layout cannot express mixed page sizes", None
+    shapes = {(p.heads, p.states, p.page_bytes) for p in (pages.page(g.spec) for g in case.groups)}
+    if len(shapes) > 1 and not block_compact:
+        # Pages of different (heads, states) shapes alias one block only when the block is dense.
+        return "groups with different page shapes need a block-compact layout", None
     if order[0] != "B" and not block_compact:
         for group in case.groups:
             page = pages.page(group.spec)
@@ -116,7 +120,8 @@ def _place(group: GroupCase, num_blocks: int, order: str, block_pitch: int | Non
         aligned = pages.round_up(page.page_bytes, page.block_stride_alignment)
         block_pitch = aligned if aligned != page.page_bytes else None
     extents = {"L": len(group.layers), "B": num_blocks, "H": page.heads, "N": page.states, "C": page.content_bytes}
-    grid_end = max(order.index("L"), order.index("B"))
+    # The page tail starts after the last of L and B; a single layer puts no axis between pages.
+    grid_end = order.index("B") if extents["L"] == 1 else max(order.index("L"), order.index("B"))
     if page.padded and any(extents[axis] != 1 for axis in order[: grid_end + 1] if axis in "HNC"):
         return None
     strides: dict[str, int] = {}

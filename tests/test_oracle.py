@@ -58,6 +58,16 @@ def test_kernel_split_hnd_makes_each_kernel_block_a_sub_page():
     assert view.element_blocks().reshape(8, -1)[:, 0].tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
+def test_single_layer_block_outermost_split_keeps_heads_inside_each_kernel_block():
+    # BHLNC with one layer: a block is [H][N][C]; kernel block j is the j-th piece, heads outermost.
+    spec = SpecCase(kind="full", block_size=32, num_kv_heads=2, head_size=16)
+    e = expect(one_group(spec, layout="BHLNC", blocks=1, kernel=16), LAYOUT_PLACED_KERNEL_MAP)
+    view = view_of(e)
+    assert view.shape == (2, 2, 16, 32)
+    assert view.byte_strides == (2048, 1024, 64, 2)
+    assert_sound(e)
+
+
 def test_split_of_padded_page_is_rejected():
     spec = SpecCase(kind="full", block_size=64, num_kv_heads=1, head_size=64, page_size_padded=20000)
     e = expect(one_group(spec, kernel=16), LAYOUT_PLACED_KERNEL_MAP)
@@ -108,3 +118,31 @@ def test_oracle_layouts_are_sound(data):
     e = expect(case, LAYOUT_PLACED_KERNEL_MAP)
     if e.accepted:
         assert_sound(e)
+
+
+def test_oracle_is_sound_on_many_fast_path_cases():
+    """Hypothesis explores; this sweeps: many more cases of the campaign's own draw, both contract families."""
+    import dataclasses
+
+    from fuzz.space import Rejected, draw_indexed
+    from oracles.contract import SHAPED_022
+
+    shapes = {"A": ("B", 2, "T", "H", "D"), "M": ("B", "T", "D")}
+    placed = synthetic_info()
+    shaped = dataclasses.replace(synthetic_info(SHAPED_022, ("NHD", "HND")),
+                                 spec_kinds=tuple(k for k in placed.spec_kinds if k != "encoder_only"))
+    checked = 0
+    for index in range(1200):
+        info = (placed, shaped)[index % 2]
+        try:
+            case = draw_indexed(info, 21, index)
+        except Rejected:
+            continue
+        if info is shaped:
+            case = dataclasses.replace(case, groups=tuple(
+                dataclasses.replace(g, declared_shape=shapes[g.backend]) if g.backend else g for g in case.groups))
+        e = expect(case, info.contract)
+        if e.accepted and sum(e.buffers) <= 1 << 20:
+            assert_sound(e)
+            checked += 1
+    assert checked > 500

@@ -39,6 +39,7 @@ import json
 import math
 import mmap
 import os
+import random
 import re
 import shutil
 import signal
@@ -78,6 +79,7 @@ VLLM_MODULES = (
 STATUSES = ("pass", "finding", "rejected", "skipped", "unbuildable")
 PROCESS_KINDS = ("crash-signal", "hang", "oom")
 MAX_INPUT = 512  # bytes; a case consumes well under 200
+SEED_INPUT_BYTES = 160
 START_TIMEOUT = 300.0
 STATS_INTERVAL = 1.0
 PROGRESS_INTERVAL = 10.0
@@ -147,7 +149,8 @@ class InputSlot:
     """
 
     HEAD = struct.Struct("<qq" + "q" * len(STATUSES))
-    SIZE = HEAD.size + MAX_INPUT
+    CAPACITY = 4096  # above libFuzzer's -max_len: a corpus file from elsewhere may be longer
+    SIZE = HEAD.size + CAPACITY
 
     def __init__(self, path: Path) -> None:
         if not path.exists() or path.stat().st_size < self.SIZE:
@@ -157,7 +160,7 @@ class InputSlot:
         self._counts = dict(self.read().counts)
 
     def begin(self, data: bytes) -> None:
-        data = data[:MAX_INPUT]
+        data = data[:self.CAPACITY]
         self._map[self.HEAD.size:self.HEAD.size + len(data)] = data
         struct.pack_into("<qq", self._map, 0, 1, len(data))
 
@@ -168,7 +171,7 @@ class InputSlot:
 
     def read(self) -> SlotState:
         busy, length, *counts = self.HEAD.unpack_from(self._map, 0)
-        data = bytes(self._map[self.HEAD.size:self.HEAD.size + min(max(length, 0), MAX_INPUT)])
+        data = bytes(self._map[self.HEAD.size:self.HEAD.size + min(max(length, 0), self.CAPACITY)])
         return SlotState(bool(busy), data, dict(zip(STATUSES, counts, strict=True)))
 
     def close(self) -> None:
@@ -366,6 +369,15 @@ def child_main(config_path: str) -> None:
 # ---------------------------------------------------------------------------------- the coordinator
 
 
+def write_seed_inputs(folder: Path, seed: int, count: int) -> None:
+    """Start an empty libFuzzer corpus from `count` random inputs of random lengths."""
+    if count <= 0 or any(folder.iterdir()):
+        return
+    rng = random.Random(seed)
+    for number in range(count):
+        (folder / f"seed-{number:04d}").write_bytes(rng.randbytes(rng.randint(8, SEED_INPUT_BYTES)))
+
+
 def libfuzzer_seed(seed: int, attempt: int) -> int:
     """libFuzzer's -seed for a campaign seed and process number (libFuzzer reads 0 as 'pick one')."""
     return (seed * 1_000_003 + attempt) % 2_147_483_646 + 1
@@ -451,6 +463,7 @@ class RunState:
     rejections: Counter[str] = field(default_factory=Counter)
     skips: Counter[str] = field(default_factory=Counter)
     crash_records: list[dict[str, Any]] = field(default_factory=list)
+    deaths: list[dict[str, Any]] = field(default_factory=list)  # every child that did not end by itself
     coverage: Coverage = field(default_factory=Coverage)
     restarts: int = 0
     duplicates: int = 0
@@ -461,7 +474,7 @@ class RunState:
 
 def run_atheris(source: TargetSource | str, *, device: str, max_time: float, seed: int, corpus_dir: Path, synthetic: bool = True,
                 case_timeout: float = 60.0, out: TextIO, max_memory: int = 4096, max_cases: int | None = None,
-                minimize_time: float = 60.0, quiet: bool = False, work_dir: Path | None = None,
+                minimize_time: float = 60.0, quiet: bool = False, work_dir: Path | None = None, seed_inputs: int = 0,
                 extra_flags: Sequence[str] = (), target_factory: str = DEFAULT_TARGET,
                 instrument: Sequence[str] | None = None) -> dict[str, Any]:
     """Fuzz `source` with atheris for `max_time` seconds of fuzzing (the first vLLM import is not
@@ -481,6 +494,7 @@ def run_atheris(source: TargetSource | str, *, device: str, max_time: float, see
     source = resolve(source) if isinstance(source, str) else source
     work = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="kvfuzz-atheris-"))
     (work / "inputs").mkdir(parents=True, exist_ok=True)
+    write_seed_inputs(work / "inputs", seed, seed_inputs)
     corpus_dir = Path(corpus_dir).absolute()
     options = {"device": device, "max_time": max_time, "seed": seed, "corpus_dir": str(corpus_dir), "synthetic": synthetic,
                "case_timeout": case_timeout, "max_memory": max_memory, "max_cases": max_cases if max_cases is not None else 10**15,
@@ -526,7 +540,8 @@ def _fuzz(state: RunState) -> None:
 
 def _start(state: RunState, number: int) -> Attempt:
     folder = state.work / f"process-{number}"
-    folder.mkdir(exist_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)  # a kept work folder holds the last run's processes
+    folder.mkdir()
     options = state.options
     config = {"spec": state.source.spec, "corpus_dir": options["corpus_dir"], "device": options["device"],
               "synthetic": options["synthetic"], "max_memory_mb": options["max_memory"],
@@ -546,7 +561,11 @@ def _start(state: RunState, number: int) -> Attempt:
                                    env=env, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
                                    start_new_session=True)
     child = Attempt(number, folder, process, log, folder / "slot", folder / "stats.json", folder / "ready.json")
-    _await_ready(state, child)
+    try:
+        _await_ready(state, child)
+    except BaseException:
+        _kill(process)
+        raise
     return child
 
 
@@ -629,6 +648,9 @@ def _on_crash(state: RunState, child: Attempt, returncode: int, watchdog: bool) 
     data = slot.data if slot is not None and slot.busy else _newest_artifact(child.folder)
     if not state.options["quiet"]:
         print(f"kvfuzz: atheris process {child.number} died: {kind} ({detail})", file=state.out, flush=True)
+    tail = [line.strip() for line in log.splitlines() if line.strip() and not _STATUS_LINE.match(line)][-4:]
+    state.deaths.append({"process": child.number, "returncode": returncode, "kind": kind, "detail": detail,
+                         "case_in_flight": data is not None, "log_tail": tail})
     if data is None or state.info is None:
         return
     state.cases += 1
@@ -711,7 +733,8 @@ def _report(state: RunState, records: list[dict[str, Any]], minimize_s: float) -
     data = report.to_dict()
     libfuzzer = {"corpus_inputs": state.coverage.corpus, "execs": state.coverage.execs, "seed": libfuzzer_seed(state.options["seed"], 0)}
     data.update(engine="atheris", coverage={"edges": state.coverage.edges, "features": state.coverage.features}, libfuzzer=libfuzzer,
-                startup_s=round(state.startup_s, 3), minimize_s=round(minimize_s, 3), instrumented=state.ready.get("instrumented", {}))
+                startup_s=round(state.startup_s, 3), minimize_s=round(minimize_s, 3), instrumented=state.ready.get("instrumented", {}),
+                process_deaths=state.deaths)
     return data
 
 

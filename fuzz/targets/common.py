@@ -322,7 +322,17 @@ class Adapter:
         return Execution(case, outcome=capture(lambda: self._run(case, torch.device(device), probe)))
 
     def _run(self, case: Case, device: torch.device, probe: bool = False) -> Outcome:
-        """The V2 model runner's walk: plan, add KV-sharing layers, pick kernel sizes, make views."""
+        views, raw, used = self.prepare(case, device)()
+        outcome = self.record(views, raw, dict(case.kv_sharing), used)
+        if probe and device.type != "meta":
+            from fuzz.probe import physical_probe
+
+            outcome = dataclasses.replace(outcome, probe=physical_probe(views, raw))
+        return outcome
+
+    def prepare(self, case: Case, device: torch.device) -> Callable[[], tuple[dict[str, Any], list[torch.Tensor], dict[int, int]]]:
+        """The V2 model runner's walk up to the call under test (plan, add KV-sharing layers, pick
+        kernel sizes); the returned call allocates the raw buffers and makes the views."""
         specs = [self.build_spec(g.spec) for g in case.groups]
         groups = [self.kv.KVCacheGroupSpec(list(g.layers), spec) for g, spec in zip(case.groups, specs, strict=True)]
         self.config.cache_config.num_gpu_blocks_override = case.num_blocks
@@ -333,13 +343,7 @@ class Adapter:
         attn_groups = [self.attention_groups(index, group, spec, config)
                        for index, (group, spec) in enumerate(zip(case.groups, specs, strict=True))]
         kernel_block_sizes = self.worker.prepare_kernel_block_sizes(config, attn_groups)
-        views, raw, used = self.make_views(case, config, attn_groups, kernel_block_sizes, device)
-        outcome = self.record(views, raw, sharing, used)
-        if probe:
-            from fuzz.probe import physical_probe
-
-            outcome = dataclasses.replace(outcome, probe=physical_probe(views, raw))
-        return outcome
+        return lambda: self.make_views(case, config, attn_groups, kernel_block_sizes, device)
 
     def configure_layout(self, layout: str) -> None:
         pass
@@ -350,7 +354,7 @@ class Adapter:
         return [self.worker.AttentionGroup(backend=backend, layer_names=list(members), kv_cache_spec=spec, kv_cache_group_id=index)]
 
     def record(self, views: dict[str, Any], raw: list[torch.Tensor], sharing: dict[str, str], used: dict[int, int]) -> Outcome:
-        pointers = {buffer.untyped_storage().data_ptr(): i for i, buffer in enumerate(raw)}
+        pointers = {storage_key(buffer): i for i, buffer in enumerate(raw)}
         records: dict[str, tuple[ViewRecord, ...]] = {}
         owners: dict[int, str] = {}
         aliases: dict[str, str] = {}
@@ -369,15 +373,21 @@ class Adapter:
         return Outcome(views=records, buffers=buffers, kernel_block_sizes=used, aliases=aliases)
 
 
-def record_view(tensor: torch.Tensor, buffers: dict[int, int]) -> ViewRecord:
+def storage_key(tensor: torch.Tensor) -> int:
+    """Which raw allocation a tensor views. Meta tensors (production-size metadata runs) have no
+    addresses, so the storage object itself tells them apart."""
     storage = tensor.untyped_storage()
+    return storage._cdata if tensor.device.type == "meta" else storage.data_ptr()  # type: ignore[attr-defined]
+
+
+def record_view(tensor: torch.Tensor, buffers: dict[int, int]) -> ViewRecord:
     return ViewRecord(
         shape=tuple(tensor.shape),
         stride=tuple(tensor.stride()),
         offset_bytes=tensor.storage_offset() * tensor.element_size(),
         dtype=DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype)),
         element_size=tensor.element_size(),
-        buffer=buffers.get(storage.data_ptr(), -1),
+        buffer=buffers.get(storage_key(tensor), -1),
     )
 
 
@@ -385,5 +395,5 @@ def unique_buffers(tensors: Any) -> list[torch.Tensor]:
     """Distinct raw tensors, in first-seen order."""
     seen: dict[int, torch.Tensor] = {}
     for tensor in tensors:
-        seen.setdefault(tensor.untyped_storage().data_ptr(), tensor)
+        seen.setdefault(storage_key(tensor), tensor)
     return list(seen.values())
