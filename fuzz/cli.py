@@ -94,6 +94,12 @@ def _parser() -> argparse.ArgumentParser:
     bisect.add_argument("--device", type=_device, default="cpu")
     bisect.add_argument("--jobs", type=_positive(int), default=max(1, min(4, os.cpu_count() or 1)), help="releases replayed at once")
     bisect.add_argument("--json", action="store_true", help="print the table as JSON")
+    bench = sub.add_parser("bench", help="measure pipeline speed against the bare vLLM calls and peer harnesses")
+    target_options(bench)
+    bench.add_argument("--cases", type=_positive(int), default=200, help="cases in the measured mix (default 200)")
+    bench.add_argument("--scaling-cases", type=_positive(int), default=4000, help="cases per worker-scaling campaign")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 
 
@@ -106,7 +112,7 @@ def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout, stderr: Tex
     from fuzz import commands
 
     handlers = {"run": commands.run, "replay": commands.replay, "explain": commands.explain, "minimize": commands.shrink,
-                "bisect": commands.bisect}
+                "bisect": commands.bisect, "bench": commands.bench}
     try:
         return handlers[args.command](args, stdout)
     except KvfuzzError as error:

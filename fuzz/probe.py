@@ -72,12 +72,11 @@ def physical_probe(views: dict[str, Any], raw: list[torch.Tensor]) -> dict[str, 
 def expected_bytes(view: ViewExpectation, buffer_size: int, salt: int) -> np.ndarray:
     """The buffer as it must read after writing the oracle's view with the probe pattern."""
     out = np.full(buffer_size, CANARY, dtype=np.uint8)
-    offsets = view.element_offsets()
-    owned = offsets >= 0
-    values = pattern(int(offsets.size), view.element_size, salt).numpy().view(np.uint8).reshape(-1, view.element_size)
-    starts = offsets[owned]
+    # Every element, gaps of packed kernel-page views included: the probe writes the whole view.
+    starts = view.element_offsets(owned_only=False)
+    values = pattern(int(starts.size), view.element_size, salt).numpy().view(np.uint8).reshape(-1, view.element_size)
     for byte in range(view.element_size):
-        out[starts + byte] = values[owned, byte]
+        out[starts + byte] = values[:, byte]
     return out
 
 

@@ -53,13 +53,15 @@ class ViewExpectation:
     kernel_ratio: int = 1
     kernel_stride: int = 1
 
-    def element_offsets(self) -> np.ndarray:
-        """Byte offset of every element's first byte, row-major; -1 for gap positions."""
+    def element_offsets(self, owned_only: bool = True) -> np.ndarray:
+        """Byte offset of every element's first byte, row-major; -1 for gap positions unless
+        `owned_only` is False (a write through the whole view lands on the gaps too)."""
         offsets = np.full((), self.byte_offset, dtype=np.int64)
         for size, stride in zip(self.shape, self.byte_strides, strict=True):
             offsets = offsets[..., None] + np.arange(size, dtype=np.int64) * stride
-        owned = self.owned_mask()
-        return np.where(owned, offsets, -1).reshape(-1)
+        if not owned_only:
+            return offsets.reshape(-1)
+        return np.where(self.owned_mask(), offsets, -1).reshape(-1)
 
     def element_blocks(self) -> np.ndarray:
         """Manager block of every element, row-major; -1 for gap positions."""

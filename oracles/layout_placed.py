@@ -120,8 +120,9 @@ def _place(group: GroupCase, num_blocks: int, order: str, block_pitch: int | Non
         aligned = pages.round_up(page.page_bytes, page.block_stride_alignment)
         block_pitch = aligned if aligned != page.page_bytes else None
     extents = {"L": len(group.layers), "B": num_blocks, "H": page.heads, "N": page.states, "C": page.content_bytes}
-    # The page tail starts after the last of L and B; a single layer puts no axis between pages.
-    grid_end = order.index("B") if extents["L"] == 1 else max(order.index("L"), order.index("B"))
+    # The page tail starts after the last of L and B in the layout's order (vLLM's rule: structural,
+    # whatever the sizes).
+    grid_end = max(order.index("L"), order.index("B"))
     if page.padded and any(extents[axis] != 1 for axis in order[: grid_end + 1] if axis in "HNC"):
         return None
     strides: dict[str, int] = {}
@@ -158,6 +159,9 @@ def _layer_view(
     dense = block_stride == page.heads * page.states * page.content_bytes
     if ratio > 1 and dense and page.padded:
         return "a padded page cannot be split into kernel blocks"
+    if ratio > 1 and dense and not placement.heads_in_page and page.heads > 1:
+        # A kernel block would hold a piece of every head's run: not one strided block.
+        return "a page whose heads lie outside the page tail cannot be split into kernel blocks"
     if ratio == 1 or dense:
         kernel_stride, view_blocks = ratio, num_blocks * ratio
     elif contract.packed_kernel_map and spec.compress_ratio > 1 and page.heads == 1:

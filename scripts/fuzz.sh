@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run a short campaign against the installed vLLM.
+# Set up (if needed) and run a short campaign against the default target (the installed vLLM).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
