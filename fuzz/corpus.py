@@ -42,7 +42,7 @@ def write_atomic(path: Path, data: dict[str, Any]) -> None:
 
 def save_finding(directory: Path, case: Case, meta: dict[str, Any]) -> Path:
     path = directory / f"{meta.get('signature_id', 'case')}-{case.content_hash()}.json"
-    write_atomic(path, {**meta, "reproduce": f"kvfuzz replay {path}", "case": to_dict(case)})
+    write_atomic(path, {**meta, "reproduce": f"kvfuzz replay {path} --vllm {meta.get('target', 'installed')}", "case": to_dict(case)})
     return path
 
 

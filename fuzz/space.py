@@ -19,6 +19,7 @@ Sources: `RandomSource` (the campaign's fast path), `fuzz.strategies.HypothesisS
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Sequence
 from typing import NoReturn, Protocol, TypeVar
@@ -97,16 +98,16 @@ class RandomSource:
     """Choices from a seeded random.Random: fast, and replayable from (seed, index)."""
 
     def __init__(self, rng: random.Random) -> None:
-        self.rng = rng
+        self.random = rng.random  # one float per choice: the fastest uniform draw random offers
 
     def integer(self, low: int, high: int) -> int:
-        return self.rng.randint(low, high)
+        return low + int(self.random() * (high - low + 1))
 
     def choice(self, options: Sequence[T]) -> T:
-        return options[self.rng.randrange(len(options))]
+        return options[int(self.random() * len(options))]
 
     def chance(self, percent: int) -> bool:
-        return self.rng.randrange(100) < percent
+        return self.random() * 100 < percent
 
     def reject(self) -> NoReturn:
         raise Rejected
@@ -131,7 +132,12 @@ def draw_indexed(info: TargetInfo, campaign_seed: int, index: int, synthetic: bo
 
 
 def ordered(items: Sequence[str], order: Sequence[str]) -> list[str]:
-    return sorted(items, key=lambda x: order.index(x) if x in order else len(order))
+    return list(_ordered(tuple(items), tuple(order)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _ordered(items: tuple[str, ...], order: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(sorted(items, key=lambda x: order.index(x) if x in order else len(order)))
 
 
 def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_groups: int = 3, scale: str = "small") -> Case:

@@ -16,6 +16,7 @@ oracle can evaluate the declaration at the arguments the contract says are right
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -56,6 +57,8 @@ class BackendShapedTarget(Adapter):
         self.generation = ("G4" if self.takes_config else "G3") if self.takes_groups else ("G2" if self.takes_kernel_sizes else "G1")
         self.contract = self._probe_contract()
         super().__init__()
+        # A backend's declaration depends only on these arguments: ask it once per combination.
+        self._declared: dict[tuple[Any, ...], tuple[tuple[int | str, ...], tuple[int, ...]]] = {}
         self.info = self.target_info(self.contract, ("NHD", "HND"), kv_sharing=self.takes_kernel_sizes)
 
     def _probe_contract(self) -> Contract:
@@ -129,12 +132,12 @@ class BackendShapedTarget(Adapter):
     def declare_group(self, group: GroupCase, layout: str) -> GroupCase:
         if not group.spec.is_attention or group.synthetic_backend is not None:
             return group
-        backend = self.backend_class(group)
-        self.configure_layout(layout)
-        pattern, order = self._declaration(backend, group.spec.num_kv_heads, group.spec.head_size, self.layer_cache_dtype(group.spec))
-        from dataclasses import replace
-
-        return replace(group, declared_shape=pattern, declared_stride_order=order)
+        key = (group.backend, group.spec.num_kv_heads, group.spec.head_size, self.layer_cache_dtype(group.spec), layout)
+        declared = self._declared.get(key)
+        if declared is None:
+            self.configure_layout(layout)
+            declared = self._declared[key] = self._declaration(self.backend_class(group), *key[1:4])
+        return replace(group, declared_shape=declared[0], declared_stride_order=declared[1])
 
     def _declaration(self, backend: Any, heads: int, head_size: int, cache_dtype: str) -> tuple[tuple[int | str, ...], tuple[int, ...]]:
         first, second = (tuple(backend.get_kv_cache_shape(PROBE_BLOCKS, slots, heads, head_size, cache_dtype_str=cache_dtype))

@@ -85,6 +85,7 @@ FIELD_NAMES = {
     "page_size_padded": ("page_size_padded",),
     "sink_len": ("sink_len",),
 }
+FIELD_DEFAULTS = {name: getattr(SpecCase(kind="full", block_size=16), name) for name in FIELD_NAMES}
 # Plenty for any case kvfuzz draws; the block count itself comes from the override.
 AVAILABLE_MEMORY = 1 << 40
 
@@ -165,6 +166,7 @@ class Adapter:
                 self.backend_classes[name] = cls
         self.spec_kinds = tuple(kind for kind, cls in SPEC_CLASSES.items() if hasattr(kv, cls) and self.supports_kind(kind))
         self._synthetic: dict[SyntheticBackend, type] = {}
+        self._spec_fields: dict[type, frozenset[str]] = {}
 
     # ------------------------------------------------------------------ what subclasses supply
 
@@ -240,9 +242,8 @@ class Adapter:
                 return f"spec kind {spec.kind} is not in vLLM {info.vllm_version}"
             if group.backend is not None and group.backend not in self.backend_classes:
                 return f"backend {group.backend} is not importable here"
-            defaults = SpecCase(kind=spec.kind, block_size=spec.block_size)
-            for field in FIELD_NAMES:
-                if getattr(spec, field) != getattr(defaults, field) and not info.can(spec.kind, field) and not self.implied(spec, field):
+            for field, default in FIELD_DEFAULTS.items():
+                if getattr(spec, field) != default and not info.can(spec.kind, field) and not self.implied(spec, field):
                     return f"{spec.kind} specs of vLLM {info.vllm_version} have no {field}"
             if spec.block_stride_multiple_of is not None and not info.can(spec.kind, "block_stride_alignment"):
                 return f"{spec.kind} specs of vLLM {info.vllm_version} have no block_stride_alignment"
@@ -268,7 +269,9 @@ class Adapter:
 
     def build_spec(self, spec: SpecCase) -> Any:
         cls = getattr(self.kv, SPEC_CLASSES[spec.kind])
-        fields = {f.name for f in dataclasses.fields(cls)}
+        fields = self._spec_fields.get(cls)
+        if fields is None:
+            fields = self._spec_fields[cls] = frozenset(f.name for f in dataclasses.fields(cls))
         if spec.kind == "mamba":
             values: dict[str, Any] = {
                 "block_size": spec.block_size,
@@ -377,7 +380,7 @@ def storage_key(tensor: torch.Tensor) -> int:
     """Which raw allocation a tensor views. Meta tensors (production-size metadata runs) have no
     addresses, so the storage object itself tells them apart."""
     storage = tensor.untyped_storage()
-    return storage._cdata if tensor.device.type == "meta" else storage.data_ptr()  # type: ignore[attr-defined]
+    return storage._cdata if tensor.is_meta else storage.data_ptr()  # type: ignore[attr-defined]
 
 
 def record_view(tensor: torch.Tensor, buffers: dict[int, int]) -> ViewRecord:

@@ -1,0 +1,36 @@
+"""Campaign lifecycle: Ctrl-C flushes the report, a second run with the same corpus resumes."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("vllm")
+
+
+def start(corpus, report, *extra):
+    return subprocess.Popen([sys.executable, "-m", "fuzz.cli", "run", "--device", "cpu", "--seed", "2", "--corpus", str(corpus),
+                             "--report", str(report), *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_sigint_flushes_the_report_and_a_rerun_resumes(tmp_path):
+    corpus, report = tmp_path / "corpus", tmp_path / "report.json"
+    process = start(corpus, report, "--max-time", "300")
+    header = process.stdout.readline()
+    assert header.startswith("kvfuzz:"), header
+    time.sleep(4)
+    process.send_signal(signal.SIGINT)
+    process.wait(timeout=60)
+    data = json.loads(report.read_text())
+    assert data["stop_reason"] == "SIGINT"
+    assert data["cases"] > 0 and data["elapsed_s"] < 100
+    found = {f["signature"] for f in data["findings"]}
+    assert all((corpus / f["case_file"].split("/")[-1]).exists() for f in data["findings"])
+
+    rerun = start(corpus, tmp_path / "again.json", "--max-cases", str(data["cases"]), "--quiet")
+    assert rerun.wait(timeout=300) == 0, "the same cases again: every finding is already known"
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert not {f["signature"] for f in again["findings"]} & found
