@@ -97,7 +97,9 @@ class CampaignOptions:
 
 
 class Campaign:
-    def __init__(self, pool: Pool, options: CampaignOptions, progress: Callable[[Report], None] | None = None) -> None:
+    def __init__(self, pool: Pool, options: CampaignOptions, progress: Callable[[Report], None] | None = None,
+                 until: Callable[[FoundRecord], bool] | None = None) -> None:
+        """`until`: stop the campaign once a new finding satisfies it (benchmarks of time to first finding)."""
         assert pool.info is not None
         self.pool = pool
         self.info: TargetInfo = pool.info
@@ -114,6 +116,7 @@ class Campaign:
         self.stopping = False
         self.batch_size = MIN_BATCH
         self.busy = {number: False for number in pool.fuzzers()}
+        self.until = until
 
     # ------------------------------------------------------------------ the loop
 
@@ -201,6 +204,8 @@ class Campaign:
         record = FoundRecord(finding, path, index, index + 1, time.monotonic() - self.start)
         self.report.findings.append(record)
         self.records[(batch, index)] = record
+        if self.until is not None and self.until(record):
+            self.stopping, self.report.stop_reason = True, "goal"
         return record
 
     def _on_minimized(self, payload: dict[str, Any]) -> None:

@@ -69,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--scale", choices=("small", "production"), default="small",
                      help="small buffers, or production block counts and geometry (metadata on the meta device)")
     run.add_argument("--max-buffer-bytes", type=_positive(int), default=1 << 30, help="production scale with --probe physical: largest buffer")
+    run.add_argument("--engine", choices=("default", "atheris"), default="default",
+                     help="default: seeded draws in forked workers; atheris: coverage-guided (pip install 'kvfuzz[atheris]')")
     run.add_argument("--quiet", action="store_true", help="no progress output")
 
     replay = sub.add_parser("replay", help="re-run corpus files")

@@ -47,6 +47,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     from fuzz.progress import Progress
     from fuzz.report import write_junit
 
+    if args.engine == "atheris":
+        return _run_atheris(args, out)
     if args.probe_every and args.probe == "physical":
         raise UsageError("--probe-every goes with --probe metadata (physical probes every case already)")
     options = CampaignOptions(device=args.device, max_time=args.max_time, max_cases=args.max_cases, seed=args.seed,
@@ -68,6 +70,23 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     for finding in data["findings"]:
         latent = " (latent: synthetic backend)" if finding["latent"] else ""
         print(f"  NEW {finding['kind']}{latent}: {finding['signature']}\n      {finding['case_file']}", file=out)
+    if args.report:
+        args.report.write_text(json.dumps(data, indent=1) + "\n")
+    if args.junit:
+        write_junit(args.junit, data)
+    return 1 if data["findings"] else 0
+
+
+def _run_atheris(args: argparse.Namespace, out: TextIO) -> int:
+    from fuzz.engines.atheris_engine import run_atheris
+    from fuzz.report import write_junit
+
+    if args.workers != 1 or args.probe != "metadata" or args.probe_every or args.scale != "small":
+        raise UsageError("--engine atheris runs one process with metadata checks at small scale "
+                         "(no --workers, --probe physical, --probe-every or --scale production)")
+    data = run_atheris(releases.resolve(args.vllm), device=args.device, max_time=args.max_time, seed=args.seed, corpus_dir=args.corpus,
+                       synthetic=not args.no_synthetic, case_timeout=args.case_timeout, max_memory=args.max_memory,
+                       max_cases=args.max_cases if args.max_cases < 10**12 else None, quiet=args.quiet, out=out)
     if args.report:
         args.report.write_text(json.dumps(data, indent=1) + "\n")
     if args.junit:

@@ -289,7 +289,7 @@ def test_finds_the_compressed_mla_crash_on_0_22(tmp_path, monkeypatch):
     from fuzz.releases import resolve
 
     source = resolve("0.22.0")
-    report = run_atheris(source, device="cpu", max_time=6, seed=0, corpus_dir=tmp_path, out=io.StringIO(), minimize_time=15)
+    report = run_atheris(source, device="cpu", max_time=6, seed=0, corpus_dir=tmp_path, out=io.StringIO(), minimize_time=8)
     assert report["target"]["vllm_version"].startswith("0.22.0")
     found = [f for f in report["findings"] if is_38831(f)]
     assert found, [f["signature"] for f in report["findings"]]

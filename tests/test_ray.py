@@ -15,6 +15,7 @@ from fuzz import releases
 from fuzz.campaign import Campaign, CampaignOptions, Report
 from fuzz.case import load
 from fuzz.errors import TargetError, UsageError
+from tests.hostile import make_hostile_checkout
 
 try:
     import ray
@@ -41,10 +42,10 @@ def cluster():
     cluster.shutdown()
 
 
-def open_pool(cluster, spec: str = "installed", **kwargs):
+def open_pool(cluster, spec: str = "installed", case_timeout: float = 30.0, max_memory: int = 1 << 30):
     from fuzz.ray_pool import open_ray_pool
 
-    return open_ray_pool(releases.resolve(spec), cluster.address, device="cpu", case_timeout=30.0, max_memory=1 << 30, **kwargs)
+    return open_ray_pool(releases.resolve(spec), cluster.address, device="cpu", case_timeout=case_timeout, max_memory=max_memory)
 
 
 def options(tmp_path: Path, cases: int, seed: int = 0) -> CampaignOptions:
@@ -136,4 +137,20 @@ def test_a_release_is_shipped_to_the_nodes_and_finds_the_compressed_mla_crash(cl
     compressed = [r for r in crashes if any(g.spec.is_mla and g.spec.compress_ratio > 1 for g in load(r.path).groups)]
     assert compressed, [r.finding.signature for r in report.findings]
     assert all(r.minimized for r in compressed)
+    assert_every_finding_on_disk(report, tmp_path / "corpus")
+
+
+@ray_test
+@pytest.mark.slow
+def test_a_target_that_kills_its_process_on_a_node_is_recorded_as_on_one_machine(cluster, tmp_path):
+    """Segfaults, aborts, hangs and memory hogs inside an actor are its local pool's losses: findings, not lost nodes."""
+    pytest.importorskip("vllm")
+    checkout = make_hostile_checkout(tmp_path / "hostile")
+    with open_pool(cluster, str(checkout), case_timeout=2.0, max_memory=256 << 20) as pool:
+        report = Campaign(pool, options(tmp_path, 300, seed=4)).run()
+        reruns = pool.reruns
+    assert report.cases == 300
+    kinds = {r.finding.kind for r in report.findings}
+    assert {"crash-signal", "hang", "oom"} <= kinds, kinds
+    assert report.restarts >= 2 and reruns == 0, "the workers died, not the actors"
     assert_every_finding_on_disk(report, tmp_path / "corpus")

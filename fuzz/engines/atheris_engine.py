@@ -709,15 +709,16 @@ def _records(state: RunState) -> list[dict[str, Any]]:
 
 
 def _minimize_records(state: RunState, records: list[dict[str, Any]], budget: float) -> float:
-    """Shrink each new finding in an uninstrumented worker process, rewriting its corpus file."""
+    """Shrink each new finding in an uninstrumented worker process, rewriting its corpus file;
+    `budget` seconds in all, after the worker started. Returns the seconds spent, startup included."""
     from fuzz.minimize import minimize
     from fuzz.pool import Pool, RemoteTarget
     from fuzz.runner import run_case
 
     assert state.info is not None
     began = time.monotonic()
-    deadline = began + budget
     with Pool(state.source, workers=1, case_timeout=state.options["case_timeout"], max_memory=state.options["max_memory"] << 20) as pool:
+        deadline = time.monotonic() + budget  # the worker's vLLM import is not shrinking time
         target = RemoteTarget(pool)
         for record in records:
             if time.monotonic() > deadline:

@@ -16,8 +16,10 @@ from typing import Any
 import torch
 
 from fuzz.case import Case, GroupCase, SyntheticBackend
+from fuzz.errors import Inexpressible
 from fuzz.targets.base import BackendInfo
 from fuzz.targets.common import Adapter
+from oracles import pages
 from oracles.contract import LAYOUT_PLACED, LAYOUT_PLACED_KERNEL_MAP
 
 
@@ -51,6 +53,15 @@ class LayoutPlacedTarget(Adapter):
             return None if backend.layouts is None else tuple(layouts[name] for name in backend.layouts)
 
         return {"supported_kv_cache_layouts": classmethod(supported_layouts), "customize_spec": classmethod(lambda cls, spec: spec)}
+
+    def declare(self, case: Case) -> Case:
+        declared = super().declare(case)
+        # vLLM's layout resolution keeps only block-compact layouts when the groups' pages differ
+        # in shape once the backends have published their head slots and state sizes.
+        shapes = {(p.heads, p.states, p.page_bytes) for p in (pages.page(g.spec) for g in declared.groups)}
+        if len(shapes) > 1 and set(declared.layout[:2]) != {"L", "B"}:
+            raise Inexpressible(f"vLLM resolves no {declared.layout} layout for groups whose pages differ in shape")
+        return declared
 
     def declare_group(self, group: GroupCase, layout: str) -> GroupCase:
         backend = self.backend_class(group)
