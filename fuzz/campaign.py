@@ -48,6 +48,7 @@ class Report:
     verdicts: Counter[str] = field(default_factory=Counter)
     rejections: Counter[str] = field(default_factory=Counter)
     skips: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)  # kvfuzz's own failures: bugs to report, not findings
     findings: list[FoundRecord] = field(default_factory=list)
     duplicates: int = 0  # findings whose signature was already known
     restarts: int = 0
@@ -71,6 +72,7 @@ class Report:
             "verdicts": dict(self.verdicts),
             "rejections": dict(self.rejections.most_common()),
             "skipped": dict(self.skips.most_common()),
+            "internal_errors": dict(self.errors.most_common()),
             "restarts": self.restarts,
             "duplicates": self.duplicates,
             "findings": [
@@ -183,8 +185,8 @@ class Campaign:
         self.busy[worker] = False
         self.batches.pop(payload["batch"], None)
         self.report.cases += payload["done"]
-        for key in ("verdicts", "rejections", "skips"):
-            getattr(self.report, key).update(payload[key])
+        for key in ("verdicts", "rejections", "skips", "errors"):
+            getattr(self.report, key).update(payload.get(key, {}))
         # Size batches to about half a second: small enough to stop on time, large enough to amortize.
         rate = payload["done"] / max(payload["elapsed"], 1e-3)
         self.batch_size = max(MIN_BATCH, min(MAX_BATCH, int(rate * 0.5)))

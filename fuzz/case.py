@@ -67,6 +67,16 @@ def parse_shape_entry(entry: int | str) -> tuple[int, str | None]:
     raise ValueError(f"{entry!r} is not an int or one of {', '.join(SHAPE_SYMBOLS)} with an optional 'k*' factor")
 
 
+def evaluate_shape(pattern: tuple[int | str, ...], *, blocks: int, slots: int, heads: int, head_size: int) -> tuple[int, ...]:
+    """A declared shape pattern at concrete (kernel blocks, slots per kernel block, heads, head size)."""
+    values = {"B": blocks, "T": slots, "H": heads, "D": head_size}
+    shape = []
+    for entry in pattern:
+        factor, symbol = parse_shape_entry(entry)
+        shape.append(factor if symbol is None else factor * values[symbol])
+    return tuple(shape)
+
+
 @dataclass(frozen=True)
 class SpecCase:
     """One KV-cache spec. Fields a kind does not use stay at their defaults."""

@@ -83,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("case", type=Path)
     explain.add_argument("--json", action="store_true", help="print both layouts as JSON")
     explain.add_argument("--probe", choices=("metadata", "physical"), default="metadata")
+    explain.add_argument("--png", type=Path, help="also draw the raw buffers as a byte map, expected beside actual")
 
     shrink = sub.add_parser("minimize", help="shrink a failing case while it keeps its signature")
     target_options(shrink)
@@ -96,6 +97,14 @@ def _parser() -> argparse.ArgumentParser:
     bisect.add_argument("--device", type=_device, default="cpu")
     bisect.add_argument("--jobs", type=_positive(int), default=max(1, min(4, os.cpu_count() or 1)), help="releases replayed at once")
     bisect.add_argument("--json", action="store_true", help="print the table as JSON")
+    selftest = sub.add_parser("selftest", help="a short physical-probe campaign on one device, as a table (the GPU check)")
+    target_options(selftest)
+    selftest.add_argument("--max-time", type=_positive(float), default=60.0, help="seconds to fuzz (default 60)")
+    selftest.add_argument("--max-cases", type=_positive(int), default=10**12)
+    selftest.add_argument("--seed", type=int, default=0)
+    selftest.add_argument("--corpus", type=Path, help="keep new findings here (default: a temporary folder)")
+    selftest.add_argument("--no-synthetic", action="store_true")
+
     bench = sub.add_parser("bench", help="measure pipeline speed against the bare vLLM calls and peer harnesses")
     target_options(bench)
     bench.add_argument("--cases", type=_positive(int), default=200, help="cases in the measured mix (default 200)")
@@ -114,7 +123,7 @@ def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout, stderr: Tex
     from fuzz import commands
 
     handlers = {"run": commands.run, "replay": commands.replay, "explain": commands.explain, "minimize": commands.shrink,
-                "bisect": commands.bisect, "bench": commands.bench}
+                "bisect": commands.bisect, "bench": commands.bench, "selftest": commands.selftest}
     try:
         return handlers[args.command](args, stdout)
     except KvfuzzError as error:

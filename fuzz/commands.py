@@ -45,7 +45,6 @@ def _worker_count(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace, out: TextIO) -> int:
     from fuzz.campaign import Campaign, CampaignOptions
     from fuzz.progress import Progress
-    from fuzz.report import write_junit
 
     if args.engine == "atheris":
         return _run_atheris(args, out)
@@ -70,6 +69,15 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     for finding in data["findings"]:
         latent = " (latent: synthetic backend)" if finding["latent"] else ""
         print(f"  NEW {finding['kind']}{latent}: {finding['signature']}\n      {finding['case_file']}", file=out)
+    for message, count in data["internal_errors"].items():
+        print(f"  kvfuzz internal error ({count}x, please report): {message}", file=out)
+    return _write_reports(args, data)
+
+
+def _write_reports(args: argparse.Namespace, data: dict[str, object]) -> int:
+    """The JSON report and JUnit XML a campaign was asked for; the exit status for its findings."""
+    from fuzz.report import write_junit
+
     if args.report:
         args.report.write_text(json.dumps(data, indent=1) + "\n")
     if args.junit:
@@ -79,7 +87,6 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
 
 def _run_atheris(args: argparse.Namespace, out: TextIO) -> int:
     from fuzz.engines.atheris_engine import run_atheris
-    from fuzz.report import write_junit
 
     if args.workers != 1 or args.probe != "metadata" or args.probe_every or args.scale != "small":
         raise UsageError("--engine atheris runs one process with metadata checks at small scale "
@@ -87,11 +94,7 @@ def _run_atheris(args: argparse.Namespace, out: TextIO) -> int:
     data = run_atheris(releases.resolve(args.vllm), device=args.device, max_time=args.max_time, seed=args.seed, corpus_dir=args.corpus,
                        synthetic=not args.no_synthetic, case_timeout=args.case_timeout, max_memory=args.max_memory,
                        max_cases=args.max_cases if args.max_cases < 10**12 else None, quiet=args.quiet, out=out)
-    if args.report:
-        args.report.write_text(json.dumps(data, indent=1) + "\n")
-    if args.junit:
-        write_junit(args.junit, data)
-    return 1 if data["findings"] else 0
+    return _write_reports(args, data)
 
 
 def replay(args: argparse.Namespace, out: TextIO) -> int:
@@ -113,12 +116,27 @@ def replay(args: argparse.Namespace, out: TextIO) -> int:
 
 def explain(args: argparse.Namespace, out: TextIO) -> int:
     from fuzz.case import load
-    from fuzz.explain import explain as explain_case
+    from fuzz.explain import describe, render
+    from fuzz.runner import run_case
 
     case = load(args.case)
     with open_pool(args) as pool:
-        print(explain_case(RemoteTarget(pool), case, args.device, as_json=args.json, probe=args.probe == "physical"), file=out)
+        target = RemoteTarget(pool)
+        result = run_case(target, case, args.device, probe=args.probe == "physical")
+    print(json.dumps(describe(result, target), indent=1) if args.json else render(result, target), file=out)
+    if args.png:
+        from fuzz.picture import draw
+
+        draw(result, args.png, vllm=target.info.vllm_version)
+        print(f"kvfuzz: drew {args.png}", file=out)
     return 0
+
+
+def selftest(args: argparse.Namespace, out: TextIO) -> int:
+    from fuzz.selftest import selftest as run_selftest
+
+    return run_selftest(args.device, args.max_time, out, vllm=args.vllm, corpus=args.corpus, seed=args.seed, max_cases=args.max_cases,
+                        synthetic=not args.no_synthetic, case_timeout=args.case_timeout, max_memory=args.max_memory * MIB)
 
 
 def shrink(args: argparse.Namespace, out: TextIO) -> int:

@@ -10,11 +10,6 @@ from fuzz.runner import CaseResult, run_case
 from fuzz.targets.base import Target
 
 
-def explain_data(target: Target, case: Case, device: str, probe: bool = False) -> dict[str, Any]:
-    result = run_case(target, case, device, probe=probe)
-    return describe(result, target)
-
-
 def describe(result: CaseResult, target: Target) -> dict[str, Any]:
     expected, outcome, case = result.expectation, result.outcome, result.case
     layers: dict[str, Any] = {}
@@ -43,9 +38,15 @@ def describe(result: CaseResult, target: Target) -> dict[str, Any]:
 
 
 def explain(target: Target, case: Case, device: str, as_json: bool = False, probe: bool = False) -> str:
-    data = explain_data(target, case, device, probe=probe)
-    if as_json:
-        return json.dumps(data, indent=1)
+    result = run_case(target, case, device, probe=probe)
+    return json.dumps(describe(result, target), indent=1) if as_json else render(result, target)
+
+
+def render(result: CaseResult, target: Target) -> str:
+    """The text form: both sides per layer and tensor, then what differs byte by byte."""
+    from fuzz.picture import text_diff
+
+    data, case = describe(result, target), result.case
     lines = [f"case {case.describe()}  blocks={case.num_blocks}  on vLLM {data['target']['vllm_version']} ({data['target']['contract']})",
              f"verdict: {data['verdict']}" + (f"  ({data['reason']})" if data["reason"] else "")]
     if data["finding"]:
@@ -63,4 +64,6 @@ def explain(target: Target, case: Case, device: str, as_json: bool = False, prob
             for view in views:
                 lines.append(f"{name:14} {side:9} {str(tuple(view['shape'])):24} {view['dtype']:14} "
                              f"{str(view['byte_strides']):30} {view['first_byte']:>10} {view['buffer']}")
+    if result.verdict.status == "finding":
+        lines += ["", text_diff(result, vllm=target.info.vllm_version)]
     return "\n".join(lines)

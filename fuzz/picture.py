@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fuzz.case import Case
+from fuzz.case import Case, SpecCase
 from fuzz.compare import element_offsets
 from fuzz.runner import CaseResult
 from fuzz.targets.base import Outcome, ViewRecord
@@ -83,7 +83,7 @@ class Tensor:
         where = tuple(int(i) for i in np.unravel_index(element, self.shape))
         kv = KV_NAMES[int(self.kv[at])]
         return (f"{self.layer}[{self.tensor}]{' ' + kv if kv else ''} element {where} byte {byte} "
-                f"(block {int(self.blocks[at])}, kernel block {int(self.kernel[at])})")
+                f"(block {int(self.blocks[at])}, its kernel block {int(self.kernel[at])})")
 
 
 def _pack(layer: int, tensor: int, kv: np.ndarray, block: np.ndarray, sub: np.ndarray) -> np.ndarray:
@@ -105,7 +105,7 @@ def _axis_index(shape: tuple[int, ...], axis: int) -> np.ndarray:
     return np.broadcast_to(np.arange(shape[axis], dtype=np.int64).reshape(view), shape).reshape(-1)
 
 
-def _spec_of(case: Case, layer: str):  # -> SpecCase | None
+def _spec_of(case: Case, layer: str) -> SpecCase | None:
     owner = dict(case.kv_sharing).get(layer, layer)
     try:
         return case.groups[case.group_of(owner)].spec
@@ -690,7 +690,9 @@ def _reach_bar(ax, size: int, low: int, high: int) -> None:  # noqa: ANN001
     if low < 0:
         ax.barh(0, -low, left=low, height=0.8, color=CLASH)
     ax.axvline(size, color="black", linewidth=1.2)
-    ax.text(size, 0.55, f" buffer end: {size:,} B", fontsize=7, va="bottom")
+    right = size - low > 0.6 * (high - low)  # near the right edge: write the label to the left of the line
+    ax.text(size, 0.55, f" buffer end: {size:,} B " if right else f" buffer end: {size:,} B", fontsize=7, va="bottom",
+            ha="right" if right else "left")
     ax.set_xlim(low, high)
     ax.set_ylim(-0.5, 1.3)
     ax.set_yticks([])
@@ -719,10 +721,11 @@ def _legend(fig, owners: set[int], names: dict[int, str]) -> None:  # noqa: ANN0
         label = f"{name}[{f['tensor']}]{' ' + kv if kv else ''}"
         handles.append(Patch(color=owner_colour(int(_pack(f["layer"], f["tensor"], np.int64(f["kv"]), np.int64(0), np.int64(0)))),
                              label=label))
-    hue = _HUES[_unpack(min(owners))["layer"] % len(_HUES)] if owners else 0.0
-    handles += [Patch(color=colorsys.hls_to_rgb(hue, 0.34 + 0.11 * block, 0.7), label=f"block {block} (mod 4)") for block in range(4)]
-    handles += [Patch(color=colorsys.hls_to_rgb(hue, 0.40, 0.7), label="odd kernel block: +lighter"),
-                Patch(facecolor="white", edgecolor="0.2", hatch="////", label="page padding"),
+    if owners:
+        hue = _HUES[_unpack(min(owners))["layer"] % len(_HUES)]
+        handles += [Patch(color=colorsys.hls_to_rgb(hue, 0.34 + 0.11 * block, 0.7), label=f"block {block} (mod 4)") for block in range(4)]
+        handles.append(Patch(color=colorsys.hls_to_rgb(hue, 0.40, 0.7), label="odd kernel block: +lighter"))
+    handles += [Patch(facecolor="white", edgecolor="0.2", hatch="////", label="page padding"),
                 Patch(facecolor="white", edgecolor="0.1", hatch="..", label="shared by two groups (both colours)"),
                 Patch(color=CLASH, label="clash / outside the buffer"), Patch(facecolor=UNUSED, edgecolor="0.5", label="unused")]
     fig.legend(handles=handles, loc="lower center", ncol=min(9, len(handles)), fontsize=7, frameon=False)

@@ -27,6 +27,7 @@ import io
 import logging
 import os
 import shutil
+import socket
 import tarfile
 import tempfile
 import time
@@ -631,10 +632,35 @@ def _connect(address: str) -> None:
         except (ConnectionError, ValueError, RuntimeError) as error:
             raise TargetError(f"--ray {address}: cannot join the Ray cluster: {_first_line(error)}") from None
         return
+    running = _running_cluster()
+    if running is not None:
+        try:
+            ray.init(address=running, **quiet)
+            return
+        except (ConnectionError, ValueError, RuntimeError):
+            pass
+    ray.init(address="local", object_store_memory=256 << 20, **quiet)
+
+
+def _running_cluster() -> str | None:
+    """The address `ray.init(address="auto")` would join, if a Ray head answers there.
+
+    Ray itself waits minutes on a stale address file (a cluster that was killed), so probe first."""
+    address = os.environ.get("RAY_ADDRESS", "").strip()
+    if not address:
+        record = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+        try:
+            address = record.read_text().strip()
+        except OSError:
+            return None
+    if "://" in address:  # ray://, or a job server: let Ray resolve it
+        return address
+    host, _, port = address.rpartition(":")
     try:
-        ray.init(address="auto", **quiet)
-    except (ConnectionError, ValueError, RuntimeError):
-        ray.init(object_store_memory=256 << 20, **quiet)
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=2.0).close()
+    except (OSError, ValueError):
+        return None
+    return address
 
 
 def _cases_through(loss: Loss, task: dict[str, Any]) -> int:

@@ -52,7 +52,8 @@ def _corpus(keep: Path | None) -> Iterator[Path]:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def selftest(device: str, max_time: float, out: TextIO, vllm: str = "installed", corpus: Path | None = None, seed: int = 0) -> int:
+def selftest(device: str, max_time: float, out: TextIO, vllm: str = "installed", corpus: Path | None = None, seed: int = 0,
+             max_cases: int = 10**12, synthetic: bool = True, case_timeout: float = 60.0, max_memory: int = 4096 << 20) -> int:
     """Run the campaign and print the table; 0 when nothing new was found, 1 otherwise."""
     import torch
 
@@ -60,11 +61,12 @@ def selftest(device: str, max_time: float, out: TextIO, vllm: str = "installed",
     print(f"kvfuzz selftest: {max_time:g} s on {name}, physical probe on every case", file=out, flush=True)
     source = releases.resolve(vllm)
     with _corpus(corpus) as folder:
-        pool = Pool(source, workers=1)
+        pool = Pool(source, workers=1, case_timeout=case_timeout, max_memory=max_memory)
         try:
             assert pool.info is not None
             info = pool.info
-            options = CampaignOptions(device=device, max_time=max_time, seed=seed, corpus_dir=folder, probe_every=1)
+            options = CampaignOptions(device=device, max_time=max_time, max_cases=max_cases, seed=seed, corpus_dir=folder,
+                                      probe_every=1, synthetic=synthetic)
             report = Campaign(pool, options).run()
         finally:
             pool.close()
@@ -107,7 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-time", type=float, default=60.0, help="seconds to fuzz (default 60)")
     parser.add_argument("--vllm", default="installed", help="'installed' (default), a release like 0.32.0, or a checkout folder")
     parser.add_argument("--corpus", type=Path, help="keep the findings here (default: a temporary folder)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-cases", type=int, default=10**12, help="stop after this many cases")
+    parser.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
+    parser.add_argument("--no-synthetic", action="store_true", help="draw only vLLM's own backends (no latent findings)")
     return parser
 
 
@@ -119,7 +123,8 @@ def main(argv: list[str] | None = None) -> None:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        sys.exit(selftest(device, args.max_time, sys.stdout, vllm=args.vllm, corpus=args.corpus, seed=args.seed))
+        sys.exit(selftest(device, args.max_time, sys.stdout, vllm=args.vllm, corpus=args.corpus, seed=args.seed,
+                          max_cases=args.max_cases, synthetic=not args.no_synthetic))
     except KvfuzzError as error:
         print(f"kvfuzz selftest: error: {error}", file=sys.stderr)
         sys.exit(2)

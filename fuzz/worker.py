@@ -26,7 +26,7 @@ from fuzz.case import from_dict, to_dict
 from fuzz.findings import normalize
 from fuzz.minimize import minimize
 from fuzz.runner import run_case
-from fuzz.space import Rejected, buffer_bytes, draw_indexed
+from fuzz.space import Rejected, draw_indexed
 from fuzz.targets.base import Target
 
 
@@ -152,9 +152,10 @@ class Worker:
     def fuzz(self, task: dict[str, Any]) -> None:
         """Cases start .. start+count-1 of the campaign, each drawn from (seed, index) alone."""
         self.known.update(task.get("known", ()))
-        tallies: dict[str, Counter[str]] = {"verdicts": Counter(), "rejections": Counter(), "skips": Counter()}
+        tallies: dict[str, Counter[str]] = {"verdicts": Counter(), "rejections": Counter(), "skips": Counter(), "errors": Counter()}
         began = time.monotonic()
         batch, info = task["batch"], self.target.info
+        self.target.max_buffer_bytes = task.get("max_buffer_bytes", 1 << 30)  # type: ignore[attr-defined]
         probe_every = task.get("probe_every", 0)
         for index in range(task["start"], task["start"] + task["count"]):
             self.slot.start(batch, index)
@@ -165,17 +166,15 @@ class Worker:
                 tallies["verdicts"]["unbuildable"] += 1
                 continue
             probe = bool(probe_every) and index % probe_every == 0
-            device = task["device"]
-            if scale == "production":
-                # Metadata runs describe production-size buffers on the meta device; physical
-                # probes allocate them, up to the cap.
-                if not probe:
-                    device = "meta"
-                elif buffer_bytes(case) > task.get("max_buffer_bytes", 0):
-                    tallies["verdicts"]["skipped"] += 1
-                    tallies["skips"]["larger than --max-buffer-bytes"] += 1
-                    continue
-            result = run_case(self.target, case, device, probe=probe)
+            # Production-size metadata runs describe their buffers on the meta device; everything
+            # else allocates, up to the cap (the adapter skips larger cases).
+            device = "meta" if scale == "production" and not probe else task["device"]
+            try:
+                result = run_case(self.target, case, device, probe=probe)
+            except Exception as error:  # noqa: BLE001 - a kvfuzz bug must not pass for a target crash
+                tallies["verdicts"]["internal-error"] += 1
+                tallies["errors"][f"{type(error).__name__}: {error}".splitlines()[0][:200]] += 1
+                continue
             verdict = result.verdict
             tallies["verdicts"][verdict.status] += 1
             if verdict.status == "rejected":

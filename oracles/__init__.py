@@ -13,6 +13,11 @@ from oracles.contract import CONTRACTS, LAYOUT_PLACED, LAYOUT_PLACED_KERNEL_MAP,
 from oracles.expectation import Expectation, LayerExpectation, PageRule, ViewExpectation
 
 
+def buffer_bytes(case: Case, contract: Contract) -> int:
+    """The bytes the case's raw buffers hold under the contract, without building its views."""
+    return (layout_placed if contract.layout_placed else backend_shaped).buffer_bytes(case)
+
+
 def expect(case: Case, contract: Contract) -> Expectation:
     if contract.layout_placed:
         return layout_placed.expect(case, contract)
@@ -28,5 +33,6 @@ __all__ = [
     "LayerExpectation",
     "PageRule",
     "ViewExpectation",
+    "buffer_bytes",
     "expect",
 ]

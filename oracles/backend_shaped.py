@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from fuzz.case import DTYPE_SIZES, Case, GroupCase, parse_shape_entry
+from fuzz.case import DTYPE_SIZES, Case, GroupCase, evaluate_shape, parse_shape_entry
 from oracles import pages
 from oracles.contract import Contract
 from oracles.expectation import Expectation, LayerExpectation, PageRule, ViewExpectation, dense_strides, rejected
@@ -54,6 +54,11 @@ def expect(case: Case, contract: Contract) -> Expectation:
         kv_sharing=sharing,
         kernel_block_sizes=kernel_sizes,
     )
+
+
+def buffer_bytes(case: Case) -> int:
+    """Bytes of all the raw buffers the contract gives this case."""
+    return len(_pools(case)) * case.num_blocks * max(pages.page(g.spec).page_bytes for g in case.groups)
 
 
 def _pools(case: Case) -> list[list[str]]:
@@ -94,7 +99,7 @@ def _attention_layer(name: str, index: int, group: GroupCase, num_blocks: int, p
         slots = kernel if ratio > 1 else spec.block_size // spec.compress_ratio
     if ratio > 1 and page.padded:
         return "a padded page cannot be split into kernel blocks"
-    shape = _evaluate(pattern, blocks=num_blocks * ratio, slots=slots, heads=spec.num_kv_heads, head_size=spec.head_size)
+    shape = evaluate_shape(pattern, blocks=num_blocks * ratio, slots=slots, heads=spec.num_kv_heads, head_size=spec.head_size)
     block_axis = next(i for i, e in enumerate(pattern) if parse_shape_entry(e)[1] == "B")
     esz = DTYPE_SIZES[spec.dtype]
     kernel_elements = math.prod(shape) // max(shape[block_axis], 1)
@@ -140,12 +145,3 @@ def _mamba_layer(name: str, index: int, group: GroupCase, num_blocks: int, pool:
                                      dtype=dtype, element_size=esz, block_axis=0))
         offset += math.prod(state_shape) * esz
     return LayerExpectation(name=name, group=index, views=tuple(views), pages=rule)
-
-
-def _evaluate(pattern: tuple[int | str, ...], *, blocks: int, slots: int, heads: int, head_size: int) -> tuple[int, ...]:
-    values = {"B": blocks, "T": slots, "H": heads, "D": head_size}
-    shape = []
-    for entry in pattern:
-        factor, symbol = parse_shape_entry(entry)
-        shape.append(factor if symbol is None else factor * values[symbol])
-    return tuple(shape)

@@ -105,6 +105,13 @@ def _reject_reason(case: Case) -> tuple[str | None, str | None]:
     return None, None
 
 
+def buffer_bytes(case: Case) -> int:
+    """Bytes of the one backing buffer the contract lays this case out in (0 for a case it rejects)."""
+    if _reject_reason(case)[0] is not None:
+        return 0
+    return _bytes_per_block(case, case.layout[0] == "B") * case.num_blocks
+
+
 def _bytes_per_block(case: Case, block_outermost: bool) -> int:
     group_pages = [(len(g.layers), pages.page(g.spec)) for g in case.groups]
     if not block_outermost:

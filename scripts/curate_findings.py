@@ -3,9 +3,11 @@
 Usage: python scripts/curate_findings.py CAMPAIGN_CORPUS_DIR... [--from 0.19.1] [--to 0.32.0] [--out corpus/findings]
 
 Every finding file is replayed on every release of the range (one worker process per release, all
-cases through it); a signature's `affected_versions` are the releases where its case fails with
-that same signature. Findings whose case is already in the output folder under the same
-signature are not duplicated.
+cases through it); a case's `affected_versions` are the releases where it fails with its own
+signature. One signature text can come from different bugs in different releases (a page escape
+in 0.21 and in 0.27 has other causes), so one case is kept per signature and campaign folder, and
+cases are merged only when their signature and affected releases are the same. Cases that no
+release reproduces (the oracle or generator changed since) are dropped.
 """
 
 from __future__ import annotations
@@ -26,25 +28,29 @@ def main() -> None:
     parser.add_argument("--to", dest="high", default=None)
     parser.add_argument("--out", type=Path, default=Path("corpus/findings"))
     args = parser.parse_args()
-    chosen: dict[str, corpus.Entry] = {}
+    chosen: dict[tuple[str, Path], corpus.Entry] = {}
     for folder in args.folders:
         for entry in corpus.entries(folder):
             signature = entry.meta.get("signature")
-            if signature and entry.meta.get("minimized") and signature not in chosen:
-                chosen[signature] = entry
-    affected: dict[str, list[str]] = {s: [] for s in chosen}
+            if signature and entry.meta.get("minimized"):
+                chosen.setdefault((signature, folder), entry)
+    affected: dict[tuple[str, Path], list[str]] = {key: [] for key in chosen}
     for version in releases.releases_between(args.low, args.high):
         with Pool(releases.resolve(version), workers=1, case_timeout=30) as pool:
             target = RemoteTarget(pool)
-            for signature, entry in chosen.items():
+            for key, entry in chosen.items():
                 found = run_case(target, entry.case, "cpu").verdict.finding
-                if found is not None and found.signature == signature:
-                    affected[signature].append(version)
+                if found is not None and found.signature == key[0]:
+                    affected[key].append(version)
         print(version, "done", flush=True)
-    for signature, entry in chosen.items():
-        meta = {**entry.meta, "affected_versions": affected[signature]}
-        path = corpus.save_finding(args.out, entry.case, meta)
-        print(json.dumps({"signature": signature, "file": str(path), "affected": affected[signature]}))
+    written: set[tuple[str, tuple[str, ...]]] = set()
+    for key, entry in chosen.items():
+        group = (key[0], tuple(affected[key]))
+        if not affected[key] or group in written:
+            continue
+        written.add(group)
+        path = corpus.save_finding(args.out, entry.case, {**entry.meta, "affected_versions": affected[key]})
+        print(json.dumps({"signature": key[0], "file": str(path), "affected": affected[key]}))
 
 
 if __name__ == "__main__":

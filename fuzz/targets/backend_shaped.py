@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend, parse_shape_entry
+from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend, evaluate_shape, parse_shape_entry
 from fuzz.errors import Inexpressible
 from fuzz.targets.base import BackendInfo
 from fuzz.targets.common import Adapter, unique_buffers
@@ -112,12 +112,7 @@ class BackendShapedTarget(Adapter):
         order = tuple(backend.stride_order) if backend.stride_order is not None else tuple(range(len(pattern)))
 
         def shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int, cache_dtype_str: str = "auto") -> tuple[int, ...]:
-            values = {"B": num_blocks, "T": block_size, "H": num_kv_heads, "D": head_size}
-            out = []
-            for entry in pattern:
-                factor, symbol = parse_shape_entry(entry)
-                out.append(factor if symbol is None else factor * values[symbol])
-            return tuple(out)
+            return evaluate_shape(pattern, blocks=num_blocks, slots=block_size, heads=num_kv_heads, head_size=head_size)
 
         return {
             "get_kv_cache_shape": staticmethod(shape),
