@@ -10,6 +10,7 @@ is replaced by a fresh fork, and its batch continues after the case that killed 
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from collections import Counter
@@ -216,6 +217,8 @@ class Campaign:
             self._replace(record, from_dict(payload["case"]))
 
     def _replace(self, record: FoundRecord, small: Case) -> None:
+        # Shrinking may trade a synthetic backend for a shipped one: latency is the small case's.
+        record.finding = dataclasses.replace(record.finding, latent=small.is_latent)
         path = corpus.save_finding(self.options.corpus_dir, small, self._meta(record.finding, minimized=True))
         if path != record.path:
             record.path.unlink(missing_ok=True)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from fuzz.case import MLA_KINDS, Case, CaseError, GroupCase, SpecCase, validate
-from fuzz.space import BLOCK_SIZES, LAYOUT_ORDER, choose_kernel_block_size
+from fuzz.space import BLOCK_SIZES, LAYOUT_ORDER, choose_kernel_block_size, unrealistic
 from fuzz.targets.base import TargetInfo
 from oracles import pages
 
@@ -133,9 +133,8 @@ def _simpler_options(case: Case, info: TargetInfo) -> Iterator[Case]:
     for index, group in enumerate(case.groups):
         spec = group.spec
         if group.synthetic_backend is not None:
-            for backend in info.backends:
-                if backend.is_mla == (spec.kind in MLA_KINDS) and spec.cache_dtype in backend.cache_dtypes:
-                    yield _with_group(case, index, dataclasses.replace(group, synthetic_backend=None, backend=backend.name))
+            for backend in info.backends:  # the realism filter drops backends that cannot serve the spec
+                yield _with_group(case, index, dataclasses.replace(group, synthetic_backend=None, backend=backend.name))
         changes: list[dict[str, object]] = []
         if spec.page_size_padded is not None and spec.kind != "mamba":
             changes.append({"page_size_padded": None})
@@ -196,7 +195,7 @@ def _buildable(case: Case, info: TargetInfo) -> Case | None:
         validate(candidate)
     except CaseError:
         return None
-    return candidate
+    return None if unrealistic(candidate, info) else candidate
 
 
 def _mamba_matching(spec: SpecCase, attention: SpecCase) -> SpecCase | None:

@@ -311,6 +311,41 @@ def _mamba_spec(source: Source, block_size: int, attention_page: int) -> SpecCas
     return spec
 
 
+def unrealistic(case: Case, info: TargetInfo) -> str | None:
+    """Why no vLLM configuration builds this case (None: one could). The generator only draws
+    realistic cases; the minimizer keeps only realistic candidates; tests hold both to it."""
+    shaped = not info.contract.layout_placed
+    attention = [g for g in case.groups if g.spec.kind != "mamba"]
+    for group in attention:
+        spec = group.spec
+        backend = info.backend(group.backend) if group.backend else None
+        if backend is None and group.synthetic_backend is None:
+            return "an attention group without a backend"
+        if backend is not None:
+            if backend.is_mla != (spec.kind in MLA_KINDS):
+                return f"{backend.name} does not serve {spec.kind} layers"
+            if spec.compress_ratio > 1 and not backend.compresses:
+                return f"{backend.name} serves no compressed cache"
+            if spec.cache_dtype not in backend.cache_dtypes:
+                return f"{backend.name} takes no {spec.cache_dtype} cache"
+        elif spec.cache_dtype == "fp8_ds_mla":
+            return "the fp8_ds_mla format needs its own backend"
+        sizes = group.synthetic_backend.kernel_block_sizes if group.synthetic_backend else backend.kernel_block_sizes  # type: ignore[union-attr]
+        want = spec.block_size if spec.kind == "encoder_only" else choose_kernel_block_size(spec.block_size, sizes)
+        if group.kernel_block_size != want:
+            return "the kernel block size is not the one vLLM picks"
+        if spec.kind == "sliding_window_mla" and (spec.cache_dtype == "fp8_ds_mla") != (spec.model_version == "deepseek_v4"):
+            return "sliding-window MLA is DeepSeek V4's, in fp8_ds_mla"
+    if shaped and len({(g.backend, g.synthetic_backend) for g in attention}) > 1:
+        return "one attention backend per model before 0.29"
+    page_sizes = {pages.page(g.spec).page_bytes for g in case.groups}
+    if shaped and len(page_sizes) > 1:
+        return "pools hold one page size before 0.29"
+    if attention and any(g.spec.kind == "mamba" and len(g.layers) < max(len(a.layers) for a in attention) for g in case.groups):
+        return "a Mamba group has a layer in every pool"
+    return None
+
+
 def accepts(sizes: Sequence[int | str], size: int) -> bool:
     return any(size == s if isinstance(s, int) else size % int(s[1:]) == 0 for s in sizes)
 
@@ -328,4 +363,4 @@ def buffer_bytes(case: Case) -> int:
 
 
 __all__ = ["DTYPE_SIZES", "RandomSource", "Rejected", "Source", "accepts", "buffer_bytes", "case_seed", "choose_kernel_block_size", "draw_case",
-           "draw_indexed"]
+           "draw_indexed", "unrealistic"]

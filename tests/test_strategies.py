@@ -6,7 +6,7 @@ from collections import Counter
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from fuzz.space import RandomSource, Rejected, accepts, choose_kernel_block_size, draw_indexed
+from fuzz.space import RandomSource, Rejected, accepts, choose_kernel_block_size, draw_indexed, unrealistic
 from fuzz.strategies import cases
 from oracles import pages
 from tests.conftest import synthetic_info
@@ -34,6 +34,7 @@ def test_indexed_draws_replay_exactly(placed_info):
 
 
 def _realistic(info, case):
+    assert unrealistic(case, info) is None, unrealistic(case, info)
     for group in case.groups:
         spec = group.spec
         sizes = group.synthetic_backend.kernel_block_sizes if group.synthetic_backend else (
