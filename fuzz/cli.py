@@ -62,7 +62,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--corpus", type=Path, default=Path("corpus/findings"), help="where findings go (default corpus/findings)")
     run.add_argument("--report", type=Path, help="write the JSON report here")
     run.add_argument("--junit", type=Path, help="write a JUnit XML summary here")
-    run.add_argument("--workers", type=_workers, default=1, help="worker processes, or 'auto' (one per core, or per GPU with cuda)")
+    run.add_argument("--workers", type=_workers, default=None,
+                     help="worker processes, or 'auto' (one per core, or per GPU with cuda); "
+                          "default 1, with --ray one per GPU (cuda) or CPU of the cluster")
+    run.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
+                     help="run the workers on a Ray cluster: the one running here (else a new local one), "
+                          "or the one at ADDRESS (pip install 'kvfuzz[ray]')")
     run.add_argument("--no-synthetic", action="store_true", help="draw only vLLM's own backends")
     run.add_argument("--probe", choices=("metadata", "physical"), default="metadata", help="compare view metadata, or bytes on the device")
     run.add_argument("--probe-every", type=_positive(int), help="with --probe metadata, probe every K-th case physically")

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from fuzz import releases
 from fuzz.errors import UsageError
@@ -33,6 +33,8 @@ def open_pool(args: argparse.Namespace, workers: int = 1, spec: str | None = Non
 
 
 def _worker_count(args: argparse.Namespace) -> int:
+    if args.workers is None:
+        return 1
     if args.workers != "auto":
         return int(args.workers)
     if args.device.startswith("cuda"):
@@ -42,10 +44,30 @@ def _worker_count(args: argparse.Namespace) -> int:
     return max(1, os.cpu_count() or 1)
 
 
+@contextmanager
+def open_campaign_pool(args: argparse.Namespace) -> Iterator[Any]:
+    """The local pool, or with --ray a RayPool over the cluster's nodes."""
+    if args.ray is None:
+        with open_pool(args, workers=_worker_count(args)) as pool:
+            yield pool
+        return
+    from fuzz.ray_pool import open_ray_pool
+
+    workers = None if args.workers in (None, "auto") else int(args.workers)
+    pool = open_ray_pool(releases.resolve(args.vllm), args.ray, device=args.device, workers=workers,
+                         case_timeout=args.case_timeout, max_memory=args.max_memory * MIB)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 def run(args: argparse.Namespace, out: TextIO) -> int:
     from fuzz.campaign import Campaign, CampaignOptions
     from fuzz.progress import Progress
 
+    if args.ray is not None and args.engine == "atheris":
+        raise UsageError("--ray goes with the default engine")
     if args.engine == "atheris":
         return _run_atheris(args, out)
     if args.probe_every and args.probe == "physical":
@@ -54,7 +76,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                               corpus_dir=args.corpus, synthetic=not args.no_synthetic,
                               probe_every=1 if args.probe == "physical" else (args.probe_every or 0),
                               scale=args.scale, max_buffer_bytes=args.max_buffer_bytes)
-    with open_pool(args, workers=_worker_count(args)) as pool:
+    with open_campaign_pool(args) as pool:
         assert pool.info is not None
         label = pool.source.label
         print(f"kvfuzz: {label}: vLLM {pool.info.vllm_version} ({pool.info.generation}, contract {pool.info.contract.name}), "
@@ -63,6 +85,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         report = Campaign(pool, options, progress=progress).run()
         if progress is not None:
             progress.close(report)
+        for node in getattr(pool, "nodes", list)():
+            print(f"  node {node['address']} ({node['node'][:12]}): {node['cases']} cases, {node['cases_per_s']}/s, "
+                  f"{node['workers']} worker(s) alive, {node['restarts']} restarts", file=out)
     data = report.to_dict()
     print(f"kvfuzz: {data['cases']} cases in {data['elapsed_s']} s ({data['cases_per_s']} cases/s), "
           f"stopped by {data['stop_reason']}: {dict(report.verdicts)}", file=out)

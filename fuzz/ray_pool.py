@@ -22,6 +22,7 @@ module imports without it, and `open_ray_pool` says how to install it.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import hashlib
 import io
 import logging
@@ -153,7 +154,8 @@ def pack_target(source: TargetSource) -> bytes | None:
     if source.python_path is None:
         return None
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as archive:
+    # No timestamp in the gzip header: the same tree packs to the same bytes, so nodes unpack it once.
+    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=6, mtime=0) as packed, tarfile.open(fileobj=packed, mode="w") as archive:
         archive.add(source.python_path / "vllm", arcname="vllm", filter=_without_bytecode)
     return buffer.getvalue()
 

@@ -70,6 +70,8 @@ def zygote_main(address: str) -> None:
             children[pid] = payload["worker"]
     for pid in children:
         _kill(pid)
+    # Threads that vLLM's import started would keep the interpreter alive past shutdown.
+    os._exit(0)
 
 
 def _reap(control: Connection, children: dict[int, int]) -> None:
@@ -108,6 +110,8 @@ def _limit_memory(max_bytes: int) -> None:
 
 
 def _worker_main(address: str, target: Target, spawn: dict[str, Any]) -> None:
+    # A session of its own: the scheduler (autogroup) then shares CPU per worker, not per zygote.
+    os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # Die at once on a fatal signal: the handlers some libraries install print symbolized stack

@@ -7,9 +7,10 @@ at the same worker count, so both see the same background load:
   phase 1: a 1-node Ray cluster (1 actor)    vs  a local Pool with 1 worker
   phase 2: the same cluster with a 2nd node  vs  a local Pool with 2 workers   (2 actors, one per node)
 
-Two figures per campaign: cases per wall-clock second, and CPU milliseconds per case spent by every
-process involved (coordinator, Ray's daemons, actors, zygotes, workers). The second one hardly
-moves with the machine's background load, so it shows Ray's overhead even on a busy box.
+Three figures per campaign: cases per wall-clock second; CPU milliseconds per case spent by every
+process involved (coordinator, Ray's daemons, actors, zygotes, workers); and how busy the workers
+were (the share of wall time they spent inside batches, not waiting for the coordinator). The last
+two hardly move with the machine's background load, so they show Ray's overhead even on a busy box.
 
 Usage: .venv/bin/python scripts/bench_ray.py [--cases 20000] [--repeats 3] [--seed 0] [--vllm installed]
 """
@@ -28,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fuzz import releases  # noqa: E402
+from fuzz import protocol, releases  # noqa: E402
 from fuzz.campaign import Campaign, CampaignOptions  # noqa: E402
 from fuzz.pool import Pool  # noqa: E402
 from fuzz.ray_pool import RayPool, open_ray_pool  # noqa: E402
@@ -41,6 +42,23 @@ TICK = os.sysconf("SC_CLK_TCK")
 class Run:
     rate: float  # cases per second
     cpu_ms: float  # CPU milliseconds per case
+    busy: float  # worker time inside batches / (workers x wall time)
+
+
+class Metered:
+    """A pool that adds up the time its workers report having spent on batches."""
+
+    def __init__(self, pool: Pool | RayPool) -> None:
+        self.pool = pool
+        self.busy_s = 0.0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.pool, name)
+
+    def poll(self, timeout: float) -> tuple[list, list]:
+        messages, losses = self.pool.poll(timeout)
+        self.busy_s += sum(payload["elapsed"] for _, name, payload in messages if name == protocol.BATCH)
+        return messages, losses
 
 
 def process_cpu(pid: int) -> float:
@@ -79,11 +97,12 @@ def local_cpu(pool: Pool) -> float:
 def campaign(pool: Pool | RayPool, args: argparse.Namespace, cpu: Callable[[], float]) -> Run:
     with tempfile.TemporaryDirectory(prefix="kvfuzz-bench-") as folder:
         options = CampaignOptions(device="cpu", max_time=3600, max_cases=args.cases, seed=args.seed, corpus_dir=Path(folder))
+        metered = Metered(pool)
         before = cpu()
-        report = Campaign(pool, options).run()
+        report = Campaign(metered, options).run()  # type: ignore[arg-type]
         spent = cpu() - before
     assert report.cases == args.cases, report.cases
-    return Run(report.cases_per_s, 1000 * spent / report.cases)
+    return Run(report.cases_per_s, 1000 * spent / report.cases, metered.busy_s / (len(pool.fuzzers()) * report.elapsed_s))
 
 
 def alternate(runs: dict[str, Callable[[], Run]], repeats: int) -> dict[str, Run]:
@@ -92,9 +111,12 @@ def alternate(runs: dict[str, Callable[[], Run]], repeats: int) -> dict[str, Run
     for _ in range(repeats):
         for name, run in runs.items():
             results[name].append(run())
-            print(f"  {name:10} {results[name][-1].rate:8.1f} cases/s {results[name][-1].cpu_ms:7.3f} CPU ms/case  "
-                  f"(load {os.getloadavg()[0]:.1f})", flush=True)
-    return {name: Run(statistics.median(r.rate for r in rs), statistics.median(r.cpu_ms for r in rs)) for name, rs in results.items()}
+            print(f"  {describe(name, results[name][-1])}  (load {os.getloadavg()[0]:.1f})", flush=True)
+    return {name: Run(*(statistics.median(getattr(r, key) for r in rs) for key in ("rate", "cpu_ms", "busy"))) for name, rs in results.items()}
+
+
+def describe(name: str, run: Run) -> str:
+    return f"{name:10} {run.rate:8.1f} cases/s {run.cpu_ms:7.3f} CPU ms/case  workers busy {run.busy:6.1%}"
 
 
 def main() -> None:
@@ -126,14 +148,15 @@ def main() -> None:
 
     print(f"\nmedians (load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores):")
     for name, run in medians.items():
-        print(f"  {name:10} {run.rate:8.1f} cases/s {run.cpu_ms:7.3f} CPU ms/case")
+        print(f"  {describe(name, run)}")
     print("ratios:")
     print(f"  ray 2 nodes / 1 node, cases/s     {medians['ray x2'].rate / medians['ray x1'].rate:.2f}x   (aim >= 1.7x)")
     print(f"  local 2 / 1 workers, cases/s      {medians['local x2'].rate / medians['local x1'].rate:.2f}x   (what this box allows)")
     for workers in (1, 2):
         ray_run, local_run = medians[f"ray x{workers}"], medians[f"local x{workers}"]
         print(f"  ray vs local, {workers} worker(s): cases/s {ray_run.rate / local_run.rate - 1:+.1%}, "
-              f"CPU per case {ray_run.cpu_ms / local_run.cpu_ms - 1:+.1%}   (aim: overhead <= 10%)")
+              f"CPU per case {ray_run.cpu_ms / local_run.cpu_ms - 1:+.1%}, workers busy {ray_run.busy - local_run.busy:+.1%} points"
+              "   (aim: overhead <= 10%)")
 
 
 if __name__ == "__main__":
