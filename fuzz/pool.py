@@ -153,6 +153,11 @@ class Pool:
         self.listener.close()
         for handle in self.workers.values():
             handle.slot.close()
+            if handle.pid is not None:  # workers run in sessions of their own: make sure none outlives the pool
+                try:
+                    os.kill(handle.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def __enter__(self) -> Pool:
         return self
