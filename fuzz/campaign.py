@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -119,6 +120,7 @@ class Campaign:
         self.stopping = False
         self.batch_size = MIN_BATCH
         self.busy = {number: False for number in pool.fuzzers()}
+        self.id = uuid.uuid4().hex
         self.until = until
 
     # ------------------------------------------------------------------ the loop
@@ -166,7 +168,7 @@ class Campaign:
             return
         count = min(self.batch_size, self.options.max_cases - self.next_index)
         self.batch_counter += 1
-        task = {"batch": self.batch_counter, "seed": self.options.seed, "start": self.next_index, "count": count,
+        task = {"campaign": self.id, "batch": self.batch_counter, "seed": self.options.seed, "start": self.next_index, "count": count,
                 "synthetic": self.options.synthetic, "device": self.options.device, "known": sorted(self.known),
                 "probe_every": self.options.probe_every, "scale": self.options.scale, "max_buffer_bytes": self.options.max_buffer_bytes}
         self.next_index += count

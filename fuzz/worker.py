@@ -133,6 +133,7 @@ class Worker:
         self.conn = conn
         self.slot = slot
         self.known: set[str] = set()
+        self.campaign: str | None = None
 
     def serve(self) -> None:
         while True:
@@ -155,6 +156,8 @@ class Worker:
 
     def fuzz(self, task: dict[str, Any]) -> None:
         """Cases start .. start+count-1 of the campaign, each drawn from (seed, index) alone."""
+        if task.get("campaign") != self.campaign:  # a worker outlives campaigns: forget the last one's findings
+            self.campaign, self.known = task.get("campaign"), set()
         self.known.update(task.get("known", ()))
         tallies: dict[str, Counter[str]] = {"verdicts": Counter(), "rejections": Counter(), "skips": Counter(), "errors": Counter()}
         began = time.monotonic()

@@ -34,3 +34,15 @@ def test_sigint_flushes_the_report_and_a_rerun_resumes(tmp_path):
     assert rerun.wait(timeout=300) == 0, "the same cases again: every finding is already known"
     again = json.loads((tmp_path / "again.json").read_text())
     assert not {f["signature"] for f in again["findings"]} & found
+
+
+def test_a_pool_serves_campaigns_one_after_another(tmp_path):
+    """Workers outlive campaigns; what one campaign found must not be hidden from the next."""
+    from fuzz import releases
+    from fuzz.campaign import Campaign, CampaignOptions
+    from fuzz.pool import Pool
+
+    with Pool(releases.resolve("installed"), workers=1) as pool:
+        runs = [Campaign(pool, CampaignOptions(max_cases=600, seed=1, corpus_dir=tmp_path / str(n))).run() for n in range(2)]
+    first, second = ({r.finding.signature for r in run.findings} for run in runs)
+    assert first and first == second
