@@ -1,237 +1,41 @@
 """A campaign across machines: the local pool's interface, backed by Ray actors on a cluster's nodes.
 
-Each fuzzing actor runs in its own process on its node and owns a local `fuzz.pool.Pool` with one
-worker (a zygote plus one fork), so a target that segfaults, hangs or eats memory is caught on the
-node exactly as on one machine and comes back as a `Loss` event. An actor call relays one stretch of
-a FUZZ batch: it returns the worker's messages once the batch ends, a worker is lost, or a FINDING
-arrives; after a finding the actor waits for `ack`, so every finding is on the coordinator's disk
-before that worker runs its next case.
+The driver stays the single coordinator; `RayPool` is what the campaign (`fuzz.campaign`) drives
+in place of `fuzz.pool.Pool`. Campaign workers are logical: worker i's batches run on its home
+actor i (a `fuzz.ray_actor.NodeRelay`, one local worker on its node) while that actor lives. An
+actor that dies (its node is lost, its process killed) is not a finding: the batch it held is
+queued again whole and taken by the next free live actor, Ray restarts the dead actor somewhere,
+and once it answers again it takes back its own worker.
 
-The driver stays the single coordinator. Campaign workers are logical: worker i's batches run on
-its home actor i while that actor lives. An actor that dies (its node is lost, its process killed)
-is not a finding: the batch it held is queued again whole and taken by the next free live actor,
-Ray restarts the dead actor somewhere, and once it answers again it takes back its own worker.
-
-The target's vLLM is resolved once on the driver; a release or checkout is packed into a tar that a
-depot actor on the driver's node hands out through Ray's object store (each node unpacks it once),
-and kvfuzz's own packages travel as the job's py_modules, so every node fuzzes the same vLLM with
-the same kvfuzz and needs neither a package index nor kvfuzz installed. Ray is optional: this
-module imports without it, and `open_ray_pool` says how to install it.
+The target's vLLM is resolved once on the driver; a release or checkout is packed and handed to
+the nodes by a depot actor (`fuzz.ray_actor`), and kvfuzz's own packages travel as the job's
+py_modules (`runtime_env`, from `fuzz.ray_cluster`), so every node fuzzes the same vLLM with the
+same kvfuzz. Crash findings are shrunk on a spare actor of their own (`spare_target`, see
+`fuzz.ray_spare`). Ray is optional: this module imports without it, and `open_ray_pool` says how
+to install it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import hashlib
-import io
-import logging
-import os
-import shutil
-import socket
-import tarfile
-import tempfile
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 from typing import Any
 
-import fuzz
-import oracles
 from fuzz import protocol
-from fuzz.case import Case, to_dict
 from fuzz.errors import TargetError, UsageError
-from fuzz.pool import Loss, Message, Pool
+from fuzz.pool import Loss, Message
+from fuzz.ray_actor import NodeRelay, TargetDepot, pack_target
+from fuzz.ray_cluster import INSTALL_HINT, cluster_slots, connect, first_line, resources_text, runtime_env
+from fuzz.ray_members import MAX_ATTEMPTS, RECHECK_S, Job, Member, NodeStats, cases_through
+from fuzz.ray_spare import RaySpareTarget
 from fuzz.releases import TargetSource
-from fuzz.targets.base import Execution, TargetInfo
+from fuzz.targets.base import TargetInfo
 
 START_TIMEOUT = 300.0  # seconds for every actor to start and load the target
 LOST_TIMEOUT = 300.0  # seconds without any live fuzzing actor before the campaign gives up
-RECHECK_S = 1.0  # how often a lost actor is asked whether Ray has restarted it
-MAX_ATTEMPTS = 3  # actor deaths one batch may cause before it is taken for the culprit
-RELAY_POLL_S = 0.2
-INSTALL_HINT = "--ray needs Ray: pip install 'kvfuzz[ray]' (or pip install ray)"
-_EXCLUDES = ["__pycache__", "*.pyc"]
-
-
-# ---------------------------------------------------------------------------------------- the node side
-
-
-class NodeRelay:
-    """A Ray actor's body: one local Pool (zygote + one worker) on this node, driven call by call."""
-
-    def __init__(self, source: dict[str, Any], depot: str | None, case_timeout: float, max_memory: int) -> None:
-        import ray
-
-        self.error: str | None = None
-        self.awaiting_ack = False
-        self.pool: Pool | None = None
-        self.target_path = ""
-        try:
-            python_path = unpack_target(ray.get(ray.get_actor(depot).fetch.remote())) if depot is not None else None
-            self.target_path = str(python_path or "")
-            local = TargetSource(source["spec"], source["kind"], source["version"], python_path)
-            self.pool = Pool(local, workers=1, case_timeout=case_timeout, max_memory=max_memory)
-        except Exception as error:  # noqa: BLE001 - hello() reports it; a raising constructor would only be restarted
-            self.error = f"{type(error).__name__}: {error}".splitlines()[0][:400]
-
-    def hello(self) -> dict[str, Any]:
-        import ray
-
-        context = ray.get_runtime_context()
-        answer = {"node": context.get_node_id(), "address": ray.util.get_node_ip_address(), "pid": os.getpid(),
-                  "kvfuzz": str(Path(__file__).resolve().parent), "target_path": self.target_path}
-        if self.pool is None or self.pool.info is None:
-            return {**answer, "error": self.error or "the target did not load"}
-        return {**answer, "info": self.pool.info.to_dict(), "restarts": self.pool.restarts}
-
-    def run_batch(self, task: dict[str, Any]) -> dict[str, Any]:
-        assert self.pool is not None
-        if self.awaiting_ack:  # a conversation the driver gave up on (it thought this actor lost)
-            self._reset_worker()
-        self.pool.start_batch(0, task)
-        return self._until_stop()
-
-    def ack(self) -> dict[str, Any]:
-        assert self.pool is not None
-        if not self.awaiting_ack:  # restarted since the finding was sent: the batch is gone with the old process
-            return {"events": [], "restarts": self.pool.restarts, "reset": True}
-        self.awaiting_ack = False
-        self.pool.ack(0)
-        return self._until_stop()
-
-    def execute(self, case: dict[str, Any], device: str, probe: bool) -> dict[str, Any]:
-        from fuzz.case import from_dict
-
-        assert self.pool is not None
-        execution = self.pool.execute(from_dict(case), device, probe=probe)
-        return {"execution": execution.to_dict(), "restarts": self.pool.restarts}
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
-
-    def _until_stop(self) -> dict[str, Any]:
-        """Relay the worker's messages until its batch ends, it is lost, or it waits for an ack."""
-        assert self.pool is not None
-        events: list[dict[str, Any]] = []
-        while True:
-            messages, losses = self.pool.poll(RELAY_POLL_S)
-            events += [{"message": name, "payload": payload} for _, name, payload in messages]
-            events += [{"loss": dataclasses.asdict(loss)} for loss in losses]
-            self.awaiting_ack = any(name == protocol.FINDING for _, name, _ in messages)
-            if losses or self.awaiting_ack or any(name == protocol.BATCH for _, name, _ in messages):
-                return {"events": events, "restarts": self.pool.restarts, "reset": False}
-
-    def _reset_worker(self) -> None:
-        assert self.pool is not None
-        handle = self.pool.workers[0]
-        self.pool._kill(handle, "reset")
-        while not self.pool.poll(RELAY_POLL_S)[1]:
-            pass
-        self.awaiting_ack = False
-
-
-class TargetDepot:
-    """A Ray actor on the driver's node that hands the packed vLLM to every relay that (re)starts.
-
-    Relays look it up by name: an ObjectRef or actor handle among a restartable actor's constructor
-    arguments makes Ray warn that a restart may not find it again (ray-project/ray#53727)."""
-
-    def __init__(self, archive: bytes) -> None:
-        self.archive = archive
-
-    def fetch(self) -> bytes:
-        return self.archive
-
-
-def pack_target(source: TargetSource) -> bytes | None:
-    """The source's `vllm/` package as a gzipped tar (None for the nodes' installed vLLM)."""
-    if source.python_path is None:
-        return None
-    buffer = io.BytesIO()
-    # No timestamp in the gzip header: the same tree packs to the same bytes, so nodes unpack it once.
-    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=6, mtime=0) as packed, tarfile.open(fileobj=packed, mode="w") as archive:
-        archive.add(source.python_path / "vllm", arcname="vllm", filter=_without_bytecode)
-    return buffer.getvalue()
-
-
-def _without_bytecode(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
-    name = Path(member.name)
-    return None if "__pycache__" in name.parts or name.suffix in (".pyc", ".pyo") else member
-
-
-def unpack_target(archive: bytes) -> Path:
-    """Unpack a shipped vLLM once per node (keyed by content), committed with one rename."""
-    root = Path(tempfile.gettempdir()) / "kvfuzz-ray"
-    entry = root / hashlib.sha256(archive).hexdigest()[:20]
-    if (entry / "vllm" / "__init__.py").is_file():
-        return entry
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=root))
-    try:
-        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-            if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4 (and the security backports)
-                tar.extractall(staging, filter="data")
-            else:
-                tar.extractall(staging)
-        try:
-            os.rename(staging, entry)
-        except OSError:
-            if not (entry / "vllm" / "__init__.py").is_file():  # not a lost race with another actor
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return entry
-
-
-# ---------------------------------------------------------------------------------------- the driver side
-
-
-@dataclass(frozen=True)
-class Job:
-    """One FUZZ task of a campaign worker; `attempts` counts the actors that died running it."""
-
-    worker: int
-    task: dict[str, Any]
-    attempts: int = 0
-
-
-@dataclass
-class Member:
-    """A fuzzing actor as the driver sees it."""
-
-    number: int
-    handle: Any
-    node: str = ""
-    address: str = ""
-    alive: bool = False
-    retired: bool = False  # dead for good, or serving a different vLLM
-    call: Any = None  # ObjectRef of the call in flight
-    calling: str = ""  # "fuzz" or "hello"
-    job: Job | None = None  # the batch it holds (running, or waiting for an ack)
-    seen_restarts: int = 0  # its local pool's restart count, as last reported
-    checked: float = 0.0  # when it was last asked whether it is back
-
-
-@dataclass
-class NodeStats:
-    address: str
-    joined: float  # when its first actor answered (monotonic)
-    left: float | None = None  # when its last live actor was lost
-    cases: int = 0
-    restarts: int = 0
-
-    def rate(self, began: float | None, now: float) -> float:
-        """Cases per second while the node took part in the campaign."""
-        if began is None:
-            return 0.0
-        seconds = (self.left or now) - max(began, self.joined)
-        return self.cases / seconds if seconds > 0 else 0.0
 
 
 class RayPool:
@@ -254,12 +58,12 @@ class RayPool:
         self.began: float | None = None
         self.none_alive_since: float | None = None
         self.members: list[Member] = []
-        self._spare: Member | None = None
+        self.spare: Member | None = None  # the actor of spare_target(), once started
         self._depot: Any = None
         try:
             depot = self._ship(source)
             self._arguments = ({"spec": source.spec, "kind": source.kind, "version": source.version}, depot, case_timeout, max_memory)
-            slots = _cluster_slots(device)
+            slots = cluster_slots(device)
             count = workers or slots
             self.members = [Member(number, self._create(scheduling="SPREAD")) for number in range(count)]
             self._start(self.members)
@@ -301,12 +105,12 @@ class RayPool:
         ready, _ = ray.wait(list(calls), num_returns=len(calls), timeout=self.start_timeout)
         if len(ready) < len(calls):
             raise TargetError(f"--vllm {self.source.spec}: only {len(ready)} of {len(calls)} Ray workers started within "
-                              f"{self.start_timeout:.0f} s (the cluster offers {_resources_text()})")
+                              f"{self.start_timeout:.0f} s (the cluster offers {resources_text()})")
         for ref in ready:
             try:
                 hello = ray.get(ref)
             except ray.exceptions.RayError as error:
-                raise TargetError(f"--vllm {self.source.spec}: a Ray worker failed to start: {_first_line(error)} (does the job ship "
+                raise TargetError(f"--vllm {self.source.spec}: a Ray worker failed to start: {first_line(error)} (does the job ship "
                                   "kvfuzz? ray.init(runtime_env=fuzz.ray_pool.runtime_env()), or install kvfuzz on the nodes)") from None
             if "error" in hello:
                 raise TargetError(f"--vllm {self.source.spec}: cannot load the target on node {hello['address']}: {hello['error']}")
@@ -343,14 +147,14 @@ class RayPool:
     def close(self) -> None:
         import ray
 
-        members = [m for m in [*self.members, self._spare] if m is not None and not m.retired]
+        members = [m for m in [*self.members, self.spare] if m is not None and not m.retired]
         # Closing the local pools removes their folders; a lost actor's processes are gone with it.
         closing = [m.handle.close.remote() for m in members if m.alive]
         if closing:
             ray.wait(closing, num_returns=len(closing), timeout=10)
         for handle in [m.handle for m in members] + ([self._depot] if self._depot is not None else []):
             ray.kill(handle, no_restart=True)
-        self.members, self._spare, self._depot = [], None, None
+        self.members, self.spare, self._depot = [], None, None
         if self.owns_ray:
             ray.shutdown()
             self.owns_ray = False
@@ -407,11 +211,11 @@ class RayPool:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        if self._spare is None:
+        if self.spare is None:
             home = next((m.node for m in self.members if m.alive), None)
             strategy = NodeAffinitySchedulingStrategy(home, soft=True) if home else "DEFAULT"
             spare = Member(-1, self._create(scheduling=strategy, spare=True))
-            self._spare = spare
+            self.spare = spare
             hello = ray.get(spare.handle.hello.remote(), timeout=self.start_timeout)
             if "error" in hello:
                 raise TargetError(f"--vllm {self.source.spec}: cannot load the target on node {hello['address']}: {hello['error']}")
@@ -491,7 +295,7 @@ class RayPool:
             if "loss" in event:
                 loss = Loss(**{**event["loss"], "worker": job.worker})
                 losses.append(loss)
-                stats.cases += _cases_through(loss, job.task)
+                stats.cases += cases_through(loss, job.task)
                 member.job = None
                 continue
             name, payload = event["message"], event["payload"]
@@ -541,56 +345,10 @@ class RayPool:
         if self.none_alive_since is None:
             self.none_alive_since = now
         if all(member.retired for member in self.members):
-            raise TargetError(f"all {len(self.members)} Ray workers are gone and cannot be restarted (the cluster offers {_resources_text()})")
+            raise TargetError(f"all {len(self.members)} Ray workers are gone and cannot be restarted (the cluster offers {resources_text()})")
         if now - self.none_alive_since > self.lost_timeout:
             raise TargetError(f"no Ray worker has been alive for {self.lost_timeout:.0f} s: the nodes are lost "
-                              f"(the cluster offers {_resources_text()})")
-
-    # ------------------------------------------------------------------ the spare
-
-    def _execute(self, case: Case, device: str, probe: bool) -> Execution:
-        import ray
-
-        for _ in range(MAX_ATTEMPTS):
-            spare = self._spare
-            assert spare is not None
-            try:
-                result = ray.get(spare.handle.execute.remote(to_dict(case), device, probe))
-            except ray.exceptions.RayActorError:
-                self.restarts += 1
-                self._wait_back(spare)
-                continue
-            self.restarts += result["restarts"] - spare.seen_restarts
-            spare.seen_restarts = result["restarts"]
-            return Execution.from_dict(result["execution"])
-        raise TargetError(f"the Ray worker that shrinks crash findings died {MAX_ATTEMPTS} times in a row")
-
-    def _wait_back(self, member: Member) -> None:
-        import ray
-
-        deadline = time.monotonic() + self.lost_timeout
-        while time.monotonic() < deadline:
-            try:
-                hello = ray.get(member.handle.hello.remote(), timeout=max(1.0, deadline - time.monotonic()))
-            except ray.exceptions.ActorUnavailableError:
-                time.sleep(RECHECK_S)
-                continue
-            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
-                break
-            member.seen_restarts = hello.get("restarts", 0)
-            return
-        raise TargetError("the Ray worker that shrinks crash findings is gone and did not come back")
-
-
-@dataclass(frozen=True)
-class RaySpareTarget:
-    """A Target whose vLLM lives in the pool's spare actor; a case that kills its worker is an outcome."""
-
-    pool: RayPool = field(repr=False)
-    info: TargetInfo
-
-    def execute(self, case: Case, device: str, probe: bool = False) -> Execution:
-        return self.pool._execute(case, device, probe)
+                              f"(the cluster offers {resources_text()})")
 
 
 # ---------------------------------------------------------------------------------------- opening
@@ -608,68 +366,13 @@ def open_ray_pool(source: TargetSource, address: str = "auto", *, device: str = 
     owns = False
     if not ray.is_initialized():
         owns = True
-        _connect(address)
+        connect(address)
     try:
         return RayPool(source, device=device, workers=workers, case_timeout=case_timeout, max_memory=max_memory, owns_ray=owns)
     except BaseException:
         if owns and ray.is_initialized():
             ray.shutdown()
         raise
-
-
-def runtime_env() -> dict[str, Any]:
-    """The Ray job runtime environment that ships kvfuzz's own packages to every node (Ray accepts
-    local folders only for a whole job, in ray.init, not per actor)."""
-    return {"py_modules": [str(Path(fuzz.__file__).resolve().parent), str(Path(oracles.__file__).resolve().parent)],
-            "excludes": _EXCLUDES}
-
-
-def _connect(address: str) -> None:
-    import ray
-
-    quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING, "runtime_env": runtime_env()}
-    if address != "auto":
-        try:
-            ray.init(address=address, **quiet)
-        except (ConnectionError, ValueError, RuntimeError) as error:
-            raise TargetError(f"--ray {address}: cannot join the Ray cluster: {_first_line(error)}") from None
-        return
-    running = _running_cluster()
-    if running is not None:
-        try:
-            ray.init(address=running, **quiet)
-            return
-        except (ConnectionError, ValueError, RuntimeError):
-            pass
-    ray.init(address="local", object_store_memory=256 << 20, **quiet)
-
-
-def _running_cluster() -> str | None:
-    """The address `ray.init(address="auto")` would join, if a Ray head answers there.
-
-    Ray itself waits minutes on a stale address file (a cluster that was killed), so probe first."""
-    address = os.environ.get("RAY_ADDRESS", "").strip()
-    if not address:
-        record = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray" / "ray_current_cluster"
-        try:
-            address = record.read_text().strip()
-        except OSError:
-            return None
-    if "://" in address:  # ray://, or a job server: let Ray resolve it
-        return address
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=2.0).close()
-    except (OSError, ValueError):
-        return None
-    return address
-
-
-def _cases_through(loss: Loss, task: dict[str, Any]) -> int:
-    """Cases of `task` done when its worker was lost, the one that killed it included (as the campaign counts them)."""
-    if loss.index is None or loss.batch != task["batch"]:
-        return 0
-    return loss.index - task["start"] + 1
 
 
 @cache
@@ -679,24 +382,5 @@ def _relay_class() -> Any:
     return ray.remote(NodeRelay)
 
 
-def _cluster_slots(device: str) -> int:
-    import ray
-
-    resources = ray.cluster_resources()
-    slots = int(resources.get("GPU" if device.startswith("cuda") else "CPU", 0))
-    if slots < 1:
-        raise TargetError(f"the Ray cluster offers no {'GPU' if device.startswith('cuda') else 'CPU'} ({_resources_text()})")
-    return slots
-
-
-def _resources_text() -> str:
-    import ray
-
-    resources = ray.cluster_resources()
-    nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
-    return f"{nodes} node(s), {resources.get('CPU', 0):g} CPU, {resources.get('GPU', 0):g} GPU"
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return (lines or [type(error).__name__])[0][:300]
+# runtime_env (fuzz.ray_cluster) and RaySpareTarget (fuzz.ray_spare) stay importable from here, as before the split.
+__all__ = ["RayPool", "RaySpareTarget", "open_ray_pool", "runtime_env"]

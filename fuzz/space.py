@@ -66,7 +66,7 @@ CACHE_DTYPES: dict[str, tuple[str | None, str]] = {
 DS_MLA_BYTES = {None: 656, "deepseek_v4": 584}
 KIND_ORDER = ("full", "sliding_window", "mla", "sliding_window_mla", "chunked_local", "sink", "cross", "encoder_only", "mamba")
 LAYOUT_ORDER = ("LBNHC", "LBHNC", "BLNHC", "BLHNC", "BHLNC", "LHBNC", "NHD", "HND")
-MAX_BUFFER_BYTES = 2 << 20
+MAX_BUFFER_BYTES = 1 << 20
 # Production scale: block counts and geometry of real deployments (DeepSeek V4 crashed at 30,819
 # blocks per layer). Such buffers are described, not allocated: the target runs on the meta device.
 PRODUCTION_BLOCKS = (30819, 2048, 65537, 131072, 1 << 20)
@@ -191,8 +191,12 @@ def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_grou
         sharing = (("g0.shared", groups[0].layers[-1]),)
     blocks = source.choice(PRODUCTION_BLOCKS) if production else source.integer(1, 4)
     case = Case(groups=tuple(groups), num_blocks=blocks, layout=layout, kv_sharing=sharing)
-    if not production and buffer_bytes(case) > MAX_BUFFER_BYTES:
-        source.reject()
+    if not production:
+        # Small scale: as many of the drawn blocks as fit the buffer cap.
+        per_block = buffer_bytes(case) // blocks
+        if per_block > MAX_BUFFER_BYTES:
+            source.reject()
+        case = Case(groups=case.groups, num_blocks=min(blocks, MAX_BUFFER_BYTES // per_block), layout=layout, kv_sharing=sharing)
     return case
 
 
@@ -215,8 +219,9 @@ def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, la
         if not use_synthetic and not candidates:
             source.reject()
         backend = None if use_synthetic else source.choice(candidates)
-        spec = _attention_spec(source, info, kind, backend, shaped, cache_dtype, production)
         fake = _synthetic_backend(source, info, mla, shaped) if use_synthetic else None
+        declared = fake.kernel_block_sizes if fake else backend.kernel_block_sizes  # type: ignore[union-attr]
+        spec = _attention_spec(source, info, kind, backend, shaped, cache_dtype, production, _block_sizes(kind, declared))
     sizes = fake.kernel_block_sizes if fake else backend.kernel_block_sizes  # type: ignore[union-attr]
     # vLLM picks no kernel block size for encoder-only groups: they keep the manager block.
     kernel = spec.block_size if kind == "encoder_only" else choose_kernel_block_size(spec.block_size, sizes)
@@ -227,10 +232,17 @@ def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, la
                      kernel_block_size=kernel)
 
 
+@functools.lru_cache(maxsize=256)
+def _block_sizes(kind: str, kernel_sizes: tuple[int | str, ...]) -> tuple[int, ...]:
+    """Block sizes for which vLLM's rule finds a kernel block size the backend declares."""
+    fitting = tuple(b for b in BLOCK_SIZES if kind == "encoder_only" or choose_kernel_block_size(b, kernel_sizes) is not None)
+    return fitting or BLOCK_SIZES
+
+
 def _attention_spec(source: Source, info: TargetInfo, kind: str, backend: BackendInfo | None, shaped: bool,
-                    cache_dtype: str | None, production: bool = False) -> SpecCase:
+                    cache_dtype: str | None, production: bool = False, block_sizes: tuple[int, ...] = BLOCK_SIZES) -> SpecCase:
     mla = kind in MLA_KINDS
-    block_size = source.choice(BLOCK_SIZES)
+    block_size = source.choice(block_sizes)
     if backend is None:
         model_dtype = source.choice(ALL_DTYPES)
         cache = cache_dtype if cache_dtype is not None and CACHE_DTYPES[cache_dtype][0] is None else "auto"
@@ -244,9 +256,7 @@ def _attention_spec(source: Source, info: TargetInfo, kind: str, backend: Backen
         fields["num_kv_heads"] = 1
         fields["head_size"] = source.choice(MLA_HEAD_SIZES)
         compresses = (backend is None or backend.compresses) and info.can(kind, "compress_ratio")
-        ratio = source.choice((1, *COMPRESS_RATIOS, block_size)) if compresses else 1
-        if block_size % ratio:
-            source.reject()
+        ratio = source.choice([r for r in (1, *COMPRESS_RATIOS, block_size) if block_size % r == 0]) if compresses else 1
         fields["compress_ratio"] = ratio
         if cache == "fp8_ds_mla":
             # The format of DeepSeek V3.2 (656 B per token) and V4 (584 B, its own backends);

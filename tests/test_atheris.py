@@ -15,18 +15,16 @@ import pytest
 atheris = pytest.importorskip("atheris")
 
 from fuzz.case import Case, dumps, load  # noqa: E402
-from fuzz.engines.atheris_engine import (  # noqa: E402
-    InputSlot,
-    ProviderSource,
-    case_from_bytes,
+from fuzz.engines.atheris_engine import run_atheris  # noqa: E402
+from fuzz.engines.libfuzzer import (  # noqa: E402
     classify_exit,
     libfuzzer_flags,
     libfuzzer_seed,
     parse_coverage,
     quarantine,
-    run_atheris,
     write_seed_inputs,
 )
+from fuzz.engines.provider import InputSlot, ProviderSource, case_from_bytes  # noqa: E402
 from fuzz.space import Rejected, draw_case  # noqa: E402
 from fuzz.targets.base import BackendInfo, Execution, TargetInfo  # noqa: E402
 from oracles.contract import LAYOUT_PLACED_KERNEL_MAP  # noqa: E402

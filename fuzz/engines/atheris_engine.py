@@ -37,14 +37,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fuzz import corpus
-from fuzz.case import Case, load
+from fuzz.case import Case
 from fuzz.engines.atheris_child import finding_meta, instrument_modules, modules_under_test
+from fuzz.engines.atheris_report import build_report, gather_records, minimize_records, print_summary
 from fuzz.engines.libfuzzer import (
     STATUS_LINE,
     Coverage,
     classify_exit,
     libfuzzer_flags,
-    libfuzzer_seed,
     newest_artifact,
     parse_coverage,
     quarantine,
@@ -56,10 +56,8 @@ from fuzz.findings import Finding
 from fuzz.releases import TargetSource, resolve, worker_environment
 from fuzz.targets.base import TargetInfo
 
-PROCESS_KINDS = ("crash-signal", "hang", "oom")
 START_TIMEOUT = 300.0
 PROGRESS_INTERVAL = 10.0
-MINIMIZE_STEPS = {"value": 600, "process": 40}  # a process candidate may cost a restart or a timeout
 DEFAULT_TARGET = "fuzz.targets:load_local"
 
 
@@ -67,6 +65,7 @@ DEFAULT_TARGET = "fuzz.targets:load_local"
 
 
 def _spec_kinds(case: Case) -> str:
+    """The case's spec kinds, as a process finding's signature names them."""
     return "+".join(sorted({g.spec.kind for g in case.groups}))
 
 
@@ -85,6 +84,8 @@ class Attempt:
 
 @dataclass
 class RunState:
+    """What the coordinator knows of one run, added up over its child processes."""
+
     source: TargetSource
     work: Path
     options: dict[str, Any]
@@ -146,7 +147,7 @@ def run_atheris(source: TargetSource | str, *, device: str, max_time: float, see
     try:
         _fuzz(state)
         records = gather_records(state)
-        minimize_s = _minimizegather_records(state, records, minimize_time) if records and minimize_time > 0 else 0.0
+        minimize_s = minimize_records(state, records, minimize_time) if records and minimize_time > 0 else 0.0
         report = build_report(state, records, minimize_s)
     finally:
         if work_dir is None:
@@ -156,6 +157,7 @@ def run_atheris(source: TargetSource | str, *, device: str, max_time: float, see
 
 
 def _fuzz(state: RunState) -> None:
+    """Run children until one ends by itself (the deadline or the case budget), recording each that was killed."""
     attempt = 0
     while True:
         child = _start(state, attempt)
@@ -180,6 +182,7 @@ def _fuzz(state: RunState) -> None:
 
 
 def _start(state: RunState, number: int) -> Attempt:
+    """Write child `number`'s config, start it in a session of its own, and wait until it is ready."""
     folder = state.work / f"process-{number}"
     shutil.rmtree(folder, ignore_errors=True)  # a kept work folder holds the last run's processes
     folder.mkdir()
@@ -212,6 +215,7 @@ def _start(state: RunState, number: int) -> Attempt:
 
 
 def _await_ready(state: RunState, child: Attempt) -> None:
+    """Wait for the child's ready.json; the first child's fixes the run's target, start and deadline."""
     began = time.monotonic()  # just after the spawn: startup counts the interpreter, imports and instrumentation
     while not child.ready.exists():
         if child.process.poll() is not None:
@@ -275,6 +279,7 @@ def _collect(state: RunState, child: Attempt) -> None:
 
 
 def _read_slot(path: Path) -> SlotState:
+    """A child's slot as it left it."""
     slot = InputSlot(path)
     try:
         return slot.read()
@@ -312,7 +317,6 @@ def _on_crash(state: RunState, child: Attempt, returncode: int, watchdog: bool) 
                                 "seconds_until": time.monotonic() - state.started})
 
 
-
 # ---------------------------------------------------------------------------------- output
 
 
@@ -340,7 +344,6 @@ def _last_error(log: Path) -> str:
     lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
     errors = [line for line in lines if "Error" in line]
     return (errors or lines or ["exited"])[-1].strip()[:300]
-
 
 
 # InputSlot, ProviderSource, case_from_bytes, classify_exit, instrument_modules, libfuzzer_flags, modules_under_test and
