@@ -82,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     target_options(replay)
     replay.add_argument("path", type=Path, help="a case file or a folder of them")
     replay.add_argument("--probe", choices=("metadata", "physical"), default="metadata")
+    replay.add_argument("--shrink-into", type=Path, help="minimize every unexpected finding and save it in this corpus folder")
 
     explain = sub.add_parser("explain", help="expected and actual layout of one case")
     target_options(explain)

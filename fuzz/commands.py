@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fuzz import releases
+from fuzz.case import Case
 from fuzz.errors import UsageError
+from fuzz.findings import Finding
 from fuzz.pool import Pool, RemoteTarget
 
 MIB = 1 << 20
@@ -136,7 +138,25 @@ def replay(args: argparse.Namespace, out: TextIO) -> int:
             outcome = replay_entry(target, entry, args.device, probe=args.probe == "physical")
             failures += outcome.status == "unexpected"
             print(f"{outcome.status:10} {entry.path}  {outcome.detail}", file=out)
+            if outcome.finding is not None and args.shrink_into:
+                print(f"{'':10} shrunk into {_shrink_finding(target, entry.case, outcome.finding, args)}", file=out)
     return 1 if failures else 0
+
+
+def _shrink_finding(target: RemoteTarget, case: Case, finding: Finding, args: argparse.Namespace) -> Path:
+    """A finding met outside a campaign goes through the same minimizer and into a corpus folder."""
+    from fuzz import corpus
+    from fuzz.minimize import minimize
+    from fuzz.runner import run_case
+
+    def same_bug(candidate: Case) -> bool:
+        found = run_case(target, candidate, args.device).verdict.finding
+        return found is not None and found.signature == finding.signature
+
+    small, _ = minimize(case, same_bug, target.info)
+    meta = {**finding.to_dict(), "vllm_version": target.info.vllm_version, "generation": target.info.generation,
+            "contract": target.info.contract.name, "minimized": True, "target": args.vllm}
+    return corpus.save_finding(args.shrink_into, small, meta)
 
 
 def explain(args: argparse.Namespace, out: TextIO) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fuzz.corpus import Entry
+from fuzz.findings import Finding
 from fuzz.runner import run_case
 from fuzz.targets.base import Target
 
@@ -13,6 +14,7 @@ from fuzz.targets.base import Target
 class ReplayOutcome:
     status: str  # "pass", "expected" (a known finding reproduced), "fixed", "skipped", "unexpected"
     detail: str
+    finding: Finding | None = None  # what the target got wrong, for an unexpected finding
 
 
 def replay_entry(target: Target, entry: Entry, device: str, probe: bool = False) -> ReplayOutcome:
@@ -27,4 +29,4 @@ def replay_entry(target: Target, entry: Entry, device: str, probe: bool = False)
         return ReplayOutcome("unexpected", f"known finding did not reproduce (got {got or verdict.status})")
     if got is None:
         return ReplayOutcome("pass" if expected is None else "fixed", verdict.status + (f" ({verdict.reason})" if verdict.reason else ""))
-    return ReplayOutcome("unexpected", got)
+    return ReplayOutcome("unexpected", got, verdict.finding)
