@@ -30,7 +30,7 @@ from fuzz import protocol
 from fuzz.pool import Pool
 from fuzz.releases import TargetSource
 
-RELAY_POLL_S = 0.2
+RELAY_POLL_S = 0.2  # seconds an actor waits on its local pool per poll
 
 
 class NodeRelay:
