@@ -67,10 +67,35 @@ def measure(target: Any, seed: int, count: int) -> dict[str, Any]:
     results["bare_reshape_per_s"] = rate(lambda i: calls[i](), len(calls))
     results["bare_walk_per_s"] = rate(lambda i: target.prepare(mix[i], device)(), len(mix))
     results["pipeline_per_s"] = rate(lambda i: run_case(target, draw_or_skip(target, seed + 1, i), "cpu"), 10**9)
+    results["pipeline_stages_us"] = stages(target, seed + 2, 2000)
     results.update(peers(target))
     results["pipeline_vs_bare_reshape"] = results["pipeline_per_s"] / results["bare_reshape_per_s"]
     results["pipeline_vs_bare_walk"] = results["pipeline_per_s"] / results["bare_walk_per_s"]
     return results
+
+
+def stages(target: Any, seed: int, count: int) -> dict[str, float]:
+    """Where a pipeline case's time goes: drawing, the target (declare + vLLM walk + records), oracle, comparison."""
+    import oracles
+    from fuzz.compare import compare
+
+    spent = dict.fromkeys(("draw", "target", "oracle", "compare"), 0.0)
+    for index in range(count):
+        start = time.perf_counter()
+        case = draw_or_skip(target, seed, index)
+        drawn = time.perf_counter()
+        execution = target.execute(case, "cpu")
+        executed = time.perf_counter()
+        spent["draw"] += drawn - start
+        spent["target"] += executed - drawn
+        if execution.outcome is None:
+            continue
+        expected = oracles.expect(execution.case, target.info.contract)
+        judged = time.perf_counter()
+        compare(execution.case, expected, execution.outcome)
+        spent["oracle"] += judged - executed
+        spent["compare"] += time.perf_counter() - judged
+    return {stage: round(seconds / count * 1e6, 1) for stage, seconds in spent.items()}
 
 
 def draw_or_skip(target: Target, seed: int, index: int) -> Case:

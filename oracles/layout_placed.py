@@ -106,19 +106,18 @@ def _reject_reason(case: Case) -> tuple[str | None, str | None]:
 
 
 def buffer_bytes(case: Case) -> int:
-    """Bytes of the one backing buffer the contract lays this case out in (0 for a case it rejects)."""
-    if _reject_reason(case)[0] is not None:
-        return 0
+    """Bytes of the one backing buffer the contract lays this case out in."""
     return _bytes_per_block(case, case.layout[0] == "B") * case.num_blocks
 
 
 def _bytes_per_block(case: Case, block_outermost: bool) -> int:
-    group_pages = [(len(g.layers), pages.page(g.spec)) for g in case.groups]
+    # (layers, page bytes, stride alignment); an alignment of 0 (no valid stride) is a rejection
+    # reason of its own, counted as 1 here so sizing never divides by it.
+    sizes = [(len(g.layers), p.page_bytes, max(1, p.block_stride_alignment)) for g, p in ((g, pages.page(g.spec)) for g in case.groups)]
     if not block_outermost:
-        return max(count * pages.round_up(page.page_bytes, page.block_stride_alignment) for count, page in group_pages)
-    widest = max(count * page.page_bytes for count, page in group_pages)
-    alignment = math.lcm(*(page.block_stride_alignment for _, page in group_pages))
-    return pages.round_up(widest, alignment)
+        return max(count * pages.round_up(page, align) for count, page, align in sizes)
+    widest = max(count * page for count, page, _ in sizes)
+    return pages.round_up(widest, math.lcm(*(align for _, _, align in sizes)))
 
 
 def _place(group: GroupCase, num_blocks: int, order: str, block_pitch: int | None) -> Placement | None:
