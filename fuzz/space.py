@@ -14,7 +14,7 @@ option list starts with its simplest entry and integers shrink toward their lowe
 shrinking source (Hypothesis) moves toward one group, one layer, one block and default dtypes.
 
 Sources: `RandomSource` (the campaign's fast path), `fuzz.strategies.HypothesisSource`
-(shrinking, pytest) and `fuzz.engines.atheris_engine.ProviderSource` (coverage-guided).
+(shrinking, pytest) and `fuzz.engines.provider.ProviderSource` (coverage-guided).
 """
 
 from __future__ import annotations
