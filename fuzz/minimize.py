@@ -18,12 +18,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from fuzz.case import MLA_KINDS, Case, CaseError, GroupCase, SpecCase, validate
 from fuzz.space import BLOCK_SIZES, LAYOUT_ORDER, choose_kernel_block_size, unrealistic
 from fuzz.targets.base import TargetInfo
 from oracles import pages
 
+T = TypeVar("T")
 MAX_STEPS = 600  # candidate runs; a case rarely needs more than a few dozen
 
 
@@ -85,29 +87,28 @@ def _layout_rank(layout: str) -> int:
     return LAYOUT_ORDER.index(layout) if layout in LAYOUT_ORDER else len(LAYOUT_ORDER)
 
 
-def _drop_groups(case: Case, info: TargetInfo) -> Iterator[Case]:
-    count = len(case.groups)
-    chunk = count // 2
+def _without_chunks(items: tuple[T, ...]) -> Iterator[tuple[T, ...]]:
+    """Delta debugging's candidates: the items without each half, then each quarter, ... each one."""
+    chunk = len(items) // 2
     while chunk >= 1:
-        for start in range(0, count, chunk):
-            kept = case.groups[:start] + case.groups[start + chunk:]
+        for start in range(0, len(items), chunk):
+            kept = items[:start] + items[start + chunk:]
             if kept:
-                yield _with_groups(case, kept)
+                yield kept
         chunk //= 2
+
+
+def _drop_groups(case: Case, info: TargetInfo) -> Iterator[Case]:
+    for kept in _without_chunks(case.groups):
+        yield _with_groups(case, kept)
 
 
 def _drop_layers(case: Case, info: TargetInfo) -> Iterator[Case]:
     if case.kv_sharing:
         yield dataclasses.replace(case, kv_sharing=())
     for index, group in enumerate(case.groups):
-        count = len(group.layers)
-        chunk = count // 2
-        while chunk >= 1:
-            for start in range(0, count, chunk):
-                kept = group.layers[:start] + group.layers[start + chunk:]
-                if kept:
-                    yield _with_group(case, index, dataclasses.replace(group, layers=kept))
-            chunk //= 2
+        for layers in _without_chunks(group.layers):
+            yield _with_group(case, index, dataclasses.replace(group, layers=layers))
 
 
 def _smaller_numbers(case: Case, info: TargetInfo) -> Iterator[Case]:
