@@ -10,7 +10,6 @@ is replaced by a fresh fork, and its batch continues after the case that killed 
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import time
 import uuid
@@ -23,7 +22,7 @@ from typing import Any
 from fuzz import corpus, protocol
 from fuzz.case import Case, from_dict
 from fuzz.findings import Finding, normalize
-from fuzz.minimize import minimize
+from fuzz.minimize import shrink_finding
 from fuzz.pool import Loss, Pool
 from fuzz.space import Rejected, draw_indexed
 from fuzz.targets.base import TargetInfo
@@ -216,11 +215,10 @@ class Campaign:
     def _on_minimized(self, payload: dict[str, Any]) -> None:
         record = self.records.get((payload["batch"], payload["index"]))
         if record is not None:
-            self._replace(record, from_dict(payload["case"]))
+            self._replace(record, from_dict(payload["case"]), Finding.from_dict(payload["finding"]))
 
-    def _replace(self, record: FoundRecord, small: Case) -> None:
-        # Shrinking may trade a synthetic backend for a shipped one: latency is the small case's.
-        record.finding = dataclasses.replace(record.finding, latent=small.is_latent)
+    def _replace(self, record: FoundRecord, small: Case, finding: Finding) -> None:
+        record.finding = finding  # the small case's own: its layer, numbers and latency
         path = corpus.save_finding(self.options.corpus_dir, small, self._meta(record.finding, minimized=True))
         if path != record.path:
             record.path.unlink(missing_ok=True)
@@ -264,16 +262,15 @@ class Campaign:
 
     def _shrink_process_failure(self, record: FoundRecord, case: Case) -> None:
         """Shrink a case that kills its worker, one candidate per (respawned) worker run."""
+        from fuzz.runner import judge
+
         target = self.pool.spare_target()
 
-        def same_bug(candidate: Case) -> bool:
-            from fuzz.runner import judge
+        def find(candidate: Case) -> Finding | None:
+            return judge(target.execute(candidate, self.options.device), self.info.contract).verdict.finding
 
-            verdict = judge(target.execute(candidate, self.options.device), self.info.contract).verdict
-            return verdict.finding is not None and verdict.finding.kind == record.finding.kind
-
-        small, _ = minimize(case, same_bug, self.info, max_seconds=self.options.shrink_seconds)
-        self._replace(record, small)
+        small, smallest, _ = shrink_finding(case, record.finding, find, self.info, max_seconds=self.options.shrink_seconds)
+        self._replace(record, small, smallest)
 
     def _meta(self, finding: Finding, minimized: bool) -> dict[str, Any]:
         return {**finding.to_dict(), "vllm_version": self.info.vllm_version, "generation": self.info.generation,

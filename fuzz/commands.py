@@ -146,15 +146,14 @@ def replay(args: argparse.Namespace, out: TextIO) -> int:
 def _shrink_finding(target: RemoteTarget, case: Case, finding: Finding, args: argparse.Namespace) -> Path:
     """A finding met outside a campaign goes through the same minimizer and into a corpus folder."""
     from fuzz import corpus
-    from fuzz.minimize import minimize
+    from fuzz.minimize import shrink_finding
     from fuzz.runner import run_case
 
-    def same_bug(candidate: Case) -> bool:
-        found = run_case(target, candidate, args.device).verdict.finding
-        return found is not None and found.signature == finding.signature
+    def find(candidate: Case) -> Finding | None:
+        return run_case(target, candidate, args.device).verdict.finding
 
-    small, _ = minimize(case, same_bug, target.info)
-    meta = {**finding.to_dict(), "vllm_version": target.info.vllm_version, "generation": target.info.generation,
+    small, smallest, _ = shrink_finding(case, finding, find, target.info)
+    meta = {**smallest.to_dict(), "vllm_version": target.info.vllm_version, "generation": target.info.generation,
             "contract": target.info.contract.name, "minimized": True, "target": args.vllm}
     return corpus.save_finding(args.shrink_into, small, meta)
 
@@ -186,7 +185,7 @@ def selftest(args: argparse.Namespace, out: TextIO) -> int:
 
 def shrink(args: argparse.Namespace, out: TextIO) -> int:
     from fuzz.case import dumps, load
-    from fuzz.minimize import minimize
+    from fuzz.minimize import shrink_finding
     from fuzz.runner import run_case
 
     case = load(args.case)
@@ -195,15 +194,13 @@ def shrink(args: argparse.Namespace, out: TextIO) -> int:
         verdict = run_case(target, case, args.device).verdict
         if verdict.finding is None:
             raise UsageError(f"{args.case}: the case does not fail on {pool.source.label} ({verdict.status}); nothing to minimize")
-        signature = verdict.finding.signature
 
-        def same_bug(candidate: object) -> bool:
-            found = run_case(target, candidate, args.device).verdict.finding  # type: ignore[arg-type]
-            return found is not None and found.signature == signature
+        def find(candidate: Case) -> Finding | None:
+            return run_case(target, candidate, args.device).verdict.finding
 
-        small, steps = minimize(case, same_bug, target.info)
+        small, smallest, steps = shrink_finding(case, verdict.finding, find, target.info)
     text = json.dumps(json.loads(dumps(small)), indent=1) + "\n"
-    print(f"kvfuzz: {signature}\nkvfuzz: {steps} candidates run", file=out)
+    print(f"kvfuzz: {smallest.signature}\nkvfuzz: {steps} candidates run", file=out)
     if args.output:
         args.output.write_text(text)
         print(f"kvfuzz: wrote {args.output}", file=out)

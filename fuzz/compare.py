@@ -5,7 +5,8 @@ without touching its bytes (the oracle's own layouts are proven sound by its tes
 the difference is explained arithmetically on the strided layouts (oracles/strided.py: exact, and
 as fast for a 30,000-block production cache as for a toy one), in the order a reader wants:
 1. the target process died, hung or ran out of memory (crash-signal, hang, oom);
-2. a valid case is accepted, a case the contract cannot express is refused;
+2. a valid case is accepted, a case the contract cannot express is refused, and refused by a
+   check of vLLM's own rather than a low-level error from deep inside (crash-on-invalid);
 3. every addressed byte lies in the layer's raw buffer (out-of-bounds);
 4. distinct elements of one view never share a byte (alias);
 5. shape and dtype are the declared ones (shape, dtype);
@@ -30,6 +31,10 @@ from oracles.strided import Strided, Undecidable, inside, is_injective, same_byt
 
 # vLLM raises these on purpose to refuse a combination it does not support.
 REFUSALS = ("ValueError", "NotImplementedError")
+# On a case the contract cannot express, vLLM's own assertions are checks of that case too (often
+# with a message naming the rule). Any other error there means nothing checked the case and it
+# failed deep inside torch or arithmetic, as vLLM #54877 did (as_strided out of bounds).
+CHECKS = (*REFUSALS, "AssertionError")
 PROCESS_FAILURES = {TARGET_CRASHED: "crash-signal", TARGET_HUNG: "hang", TARGET_OUT_OF_MEMORY: "oom"}
 
 
@@ -92,9 +97,11 @@ def _judge_error(expected: Expectation, outcome: Outcome, found: Found) -> Verdi
         failure = "oom"
     if failure is not None:
         return found(failure, outcome.error_function or "?", outcome.error_message or "", outcome.error_layer)
-    if not expected.accepted or outcome.error_type in REFUSALS:
-        return Verdict("rejected", reason=message)
-    return found("crash-on-valid", outcome.error_function or "?", message, outcome.error_layer)
+    if expected.accepted and outcome.error_type not in REFUSALS:
+        return found("crash-on-valid", outcome.error_function or "?", message, outcome.error_layer)
+    if not expected.accepted and outcome.error_type not in CHECKS:
+        return found("crash-on-invalid", outcome.error_function or "?", message, outcome.error_layer or expected.reject_layer)
+    return Verdict("rejected", reason=message)
 
 
 def spec_kind_of(case: Case, layer: str | None) -> str:

@@ -12,6 +12,7 @@ KINDS = (
     "hang",
     "oom",
     "crash-on-valid",
+    "crash-on-invalid",
     "accepted-invalid",
     "out-of-bounds",
     "alias",
@@ -23,6 +24,8 @@ KINDS = (
     "order",
     "probe-mismatch",
 )
+
+PROCESS_KINDS = ("crash-signal", "hang", "oom")  # the target process died, hung or ran out of memory
 
 _NUMBERS = re.compile(r"\d+")
 

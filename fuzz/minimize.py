@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from fuzz.case import MLA_KINDS, Case, CaseError, GroupCase, SpecCase, validate
+from fuzz.findings import PROCESS_KINDS, Finding
 from fuzz.space import BLOCK_SIZES, LAYOUT_ORDER, choose_kernel_block_size, unrealistic
 from fuzz.targets.base import TargetInfo
 from oracles import pages
@@ -62,6 +63,29 @@ def minimize(case: Case, still_fails: Callable[[Case], bool], info: TargetInfo, 
             if progress:
                 break
     return best, steps
+
+
+def shrink_finding(case: Case, finding: Finding, find: Callable[[Case], Finding | None], info: TargetInfo,
+                   max_steps: int = MAX_STEPS, max_seconds: float | None = None) -> tuple[Case, Finding, int]:
+    """Minimize a case while it fails as `finding` does: the small case, its finding, and the candidates run.
+
+    A candidate fails the same way when `find` reports the same signature, or for a dead, hung or
+    exhausted process the same kind (a signal's text varies; the record keeps its first text). The
+    finding returned is the small case's own: the layer and numbers it names are in that case.
+    """
+    by_kind = finding.kind in PROCESS_KINDS
+    smallest = finding
+
+    def still_fails(candidate: Case) -> bool:
+        nonlocal smallest
+        found = find(candidate)
+        if found is None or (found.kind != finding.kind if by_kind else found.signature != finding.signature):
+            return False
+        smallest = dataclasses.replace(finding, layer=found.layer) if by_kind else found
+        return True
+
+    small, steps = minimize(case, still_fails, info, max_steps, max_seconds)
+    return small, dataclasses.replace(smallest, latent=small.is_latent), steps
 
 
 def size(case: Case) -> tuple[int, ...]:

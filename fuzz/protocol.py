@@ -9,7 +9,7 @@ zygote -> coordinator : READY {info, pid}, EXITED {worker, pid, status}, FAILED 
 coordinator -> worker : FUZZ {batch, seed, start, count, synthetic, device, known, probe_every},
                         EXECUTE {id, case, device, probe}, ACK {}, STOP {}
 worker -> coordinator : HELLO {worker, pid}, FINDING {batch, index, case, finding},
-                        MINIMIZED {batch, index, case, steps}, BATCH {batch, done, tallies...},
+                        MINIMIZED {batch, index, case, finding, steps}, BATCH {batch, done, tallies...},
                         EXECUTED {id, execution}
 """
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from fuzz import protocol
 from fuzz.case import from_dict, to_dict
-from fuzz.findings import normalize
-from fuzz.minimize import minimize
+from fuzz.findings import Finding, normalize
+from fuzz.minimize import shrink_finding
 from fuzz.runner import run_case
 from fuzz.space import Rejected, draw_indexed
 from fuzz.targets.base import Target
@@ -202,17 +202,16 @@ class Worker:
         name, _ = protocol.receive(self.conn)
         if name != protocol.ACK:
             raise protocol.ProtocolError(f"expected ack, got {name}")
-        signature = finding["signature"]
 
-        def same_bug(candidate: Any) -> bool:
+        def find(candidate: Any) -> Finding | None:
             # A candidate that kills the worker cuts the shrinking short, not the campaign.
             self.slot.start(batch, index, protocol.SHRINKING)
-            verdict = run_case(self.target, candidate, device).verdict
-            return verdict.finding is not None and verdict.finding.signature == signature
+            return run_case(self.target, candidate, device).verdict.finding
 
-        small, steps = minimize(case, same_bug, self.target.info)
+        small, smallest, steps = shrink_finding(case, Finding.from_dict(finding), find, self.target.info)
         self.slot.start(batch, index)
-        protocol.send(self.conn, protocol.MINIMIZED, {"batch": batch, "index": index, "case": to_dict(small), "steps": steps})
+        protocol.send(self.conn, protocol.MINIMIZED,
+                      {"batch": batch, "index": index, "case": to_dict(small), "finding": smallest.to_dict(), "steps": steps})
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ cases through it); a case's `affected_versions` are the releases where it fails 
 signature. One signature text can come from different bugs in different releases (a page escape
 in 0.21 and in 0.27 has other causes), so one case is kept per signature and campaign folder, and
 cases are merged only when their signature and affected releases are the same. Cases that no
-release reproduces (the oracle or generator changed since) are dropped.
+release reproduces (the oracle or generator changed since) are dropped. A kept finding names the
+layer and numbers of the first release it fails on.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 from pathlib import Path
 
 from fuzz import corpus, releases
+from fuzz.findings import Finding
 from fuzz.pool import Pool, RemoteTarget
 from fuzz.runner import run_case
 
@@ -35,6 +37,7 @@ def main() -> None:
             if signature and entry.meta.get("minimized"):
                 chosen.setdefault((signature, folder), entry)
     affected: dict[tuple[str, Path], list[str]] = {key: [] for key in chosen}
+    first: dict[tuple[str, Path], Finding] = {}
     for version in releases.releases_between(args.low, args.high):
         with Pool(releases.resolve(version), workers=1, case_timeout=30) as pool:
             target = RemoteTarget(pool)
@@ -42,6 +45,7 @@ def main() -> None:
                 found = run_case(target, entry.case, "cpu").verdict.finding
                 if found is not None and found.signature == key[0]:
                     affected[key].append(version)
+                    first.setdefault(key, found)
         print(version, "done", flush=True)
     written: set[tuple[str, tuple[str, ...]]] = set()
     for key, entry in chosen.items():
@@ -49,7 +53,7 @@ def main() -> None:
         if not affected[key] or group in written:
             continue
         written.add(group)
-        path = corpus.save_finding(args.out, entry.case, {**entry.meta, "affected_versions": affected[key]})
+        path = corpus.save_finding(args.out, entry.case, {**entry.meta, **first[key].to_dict(), "affected_versions": affected[key]})
         print(json.dumps({"signature": key[0], "file": str(path), "affected": affected[key]}))
 
 

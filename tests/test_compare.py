@@ -117,3 +117,31 @@ def test_production_sized_cache_is_classified_without_enumerating():
     assert classify(layer, want, swapped)[0] == "alias"
     unpadded = Strided(want.shape, (1168, 584, 1), 0, 1)  # blocks packed as if there were no padding
     assert classify(layer, want, unpadded)[0] == "page-escape"
+
+
+def test_errors_are_judged_by_whether_the_contract_expresses_the_case():
+    from fuzz.case import SpecCase
+    from fuzz.compare import compare
+    from fuzz.targets.base import Outcome
+    from tests.conftest import one_group
+
+    valid = one_group(SpecCase(kind="full", block_size=16, num_kv_heads=2, head_size=64, dtype="float16"))
+    # 128 tokens per stored state cannot be cut into kernel blocks of 16 tokens.
+    compressed = SpecCase(kind="mla", block_size=256, head_size=584, dtype="uint8", compress_ratio=128, model_version="deepseek_v4")
+    invalid = one_group(compressed, kernel=16)
+    accepted, refused = expect(valid, LAYOUT_PLACED_KERNEL_MAP), expect(invalid, LAYOUT_PLACED_KERNEL_MAP)
+    assert accepted.accepted and not refused.accepted
+
+    def judge(case, expectation, error_type):
+        verdict = compare(case, expectation, Outcome(error_type=error_type, error_message="out of bounds 12", error_function="f"))
+        return verdict.status, verdict.finding.kind if verdict.finding else None
+
+    assert judge(valid, accepted, "ValueError") == ("rejected", None)
+    assert judge(valid, accepted, "AssertionError") == ("finding", "crash-on-valid")
+    assert judge(valid, accepted, "RuntimeError") == ("finding", "crash-on-valid")
+    assert judge(invalid, refused, "ValueError") == ("rejected", None)
+    assert judge(invalid, refused, "NotImplementedError") == ("rejected", None)
+    assert judge(invalid, refused, "AssertionError") == ("rejected", None)
+    assert judge(invalid, refused, "RuntimeError") == ("finding", "crash-on-invalid")
+    assert judge(invalid, refused, "ZeroDivisionError") == ("finding", "crash-on-invalid")
+    assert judge(invalid, refused, "IndexError") == ("finding", "crash-on-invalid")

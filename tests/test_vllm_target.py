@@ -47,6 +47,20 @@ def test_short_campaign_has_no_unexplained_finding(kvfuzz_target, known_findings
     assert "<testsuite" in (tmp_path / "junit.xml").read_text()
 
 
+def test_a_minimized_finding_names_a_layer_of_its_own_case(tmp_path):
+    # With no known findings, the latent findings of the installed release are new again.
+    report_path = tmp_path / "report.json"
+    main(["run", "--max-cases", "400", "--seed", "3", "--device", "cpu", "--corpus", str(tmp_path / "findings"),
+          "--report", str(report_path), "--quiet"], stdout=io.StringIO())
+    findings = json.loads(report_path.read_text())["findings"]
+    assert findings
+    for record in findings:
+        saved = json.loads(Path(record["case_file"]).read_text())
+        assert saved["minimized"]
+        layers = {name for group in saved["case"]["groups"] for name in group["layers"]} | set(saved["case"]["kv_sharing"])
+        assert saved["layer"] is None or saved["layer"] in layers, (saved["layer"], layers)
+
+
 @pytest.mark.parametrize(
     "argv",
     [["run", "--vllm", "banana"], ["run", "--device", "tpu"], ["run", "--max-time", "-1"], ["replay", "/no/such/path"],

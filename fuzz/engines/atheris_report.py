@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING, Any, TextIO
 from fuzz import corpus
 from fuzz.case import Case, load
 from fuzz.engines.libfuzzer import libfuzzer_seed
-from fuzz.findings import Finding
+from fuzz.findings import PROCESS_KINDS, Finding
 
 if TYPE_CHECKING:
     from fuzz.engines.atheris_engine import RunState
 
-PROCESS_KINDS = ("crash-signal", "hang", "oom")
 MINIMIZE_STEPS = {"value": 600, "process": 40}  # a process candidate may cost a restart or a timeout
 
 
@@ -41,7 +40,7 @@ def gather_records(state: RunState) -> list[dict[str, Any]]:
 def minimize_records(state: RunState, records: list[dict[str, Any]], budget: float) -> float:
     """Shrink each new finding in an uninstrumented worker process, rewriting its corpus file;
     `budget` seconds in all, after the worker started. Returns the seconds spent, startup included."""
-    from fuzz.minimize import minimize
+    from fuzz.minimize import shrink_finding
     from fuzz.pool import Pool, RemoteTarget
     from fuzz.runner import run_case
 
@@ -54,18 +53,16 @@ def minimize_records(state: RunState, records: list[dict[str, Any]], budget: flo
             if time.monotonic() > deadline:
                 break
             finding = Finding.from_dict(record["finding"])
-            process = finding.kind in PROCESS_KINDS
 
-            def still_fails(candidate: Case) -> bool:
-                if time.monotonic() > deadline:
-                    return False
-                found = run_case(target, candidate, state.options["device"]).verdict.finding
-                return found is not None and (found.kind == finding.kind if process else found.signature == finding.signature)
+            def find(candidate: Case) -> Finding | None:
+                return run_case(target, candidate, state.options["device"]).verdict.finding
 
             old = Path(record["path"])
-            small, _ = minimize(load(old), still_fails, state.info, max_steps=MINIMIZE_STEPS["process" if process else "value"])
+            small, smallest, _ = shrink_finding(load(old), finding, find, state.info, max_seconds=deadline - time.monotonic(),
+                                                max_steps=MINIMIZE_STEPS["process" if finding.kind in PROCESS_KINDS else "value"])
             meta = {k: v for k, v in json.loads(old.read_text()).items() if k not in ("case", "reproduce")}
-            path = corpus.save_finding(old.parent, small, {**meta, "minimized": True})
+            path = corpus.save_finding(old.parent, small, {**meta, **smallest.to_dict(), "minimized": True})
+            record["finding"] = smallest.to_dict()
             if path != old:
                 old.unlink(missing_ok=True)
             record["path"], record["minimized"] = str(path), True

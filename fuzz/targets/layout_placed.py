@@ -77,7 +77,7 @@ class LayoutPlacedTarget(Adapter):
             block_stride_alignment=None if alignment is None or hasattr(alignment, "base") else alignment,
             block_stride_multiple_of=alignment.base if hasattr(alignment, "base") else None,
         )
-        return dataclasses.replace(group, spec=spec)
+        return dataclasses.replace(group, spec=_keep_padding_margin(group.spec, spec))
 
     def configure_layout(self, layout: str) -> None:
         self.config.cache_config.kv_cache_layout = layout
@@ -116,3 +116,18 @@ class LayoutPlacedTarget(Adapter):
                         group.kernel_block_size = size
                 used[index] = size
         return used
+
+
+def _keep_padding_margin(drawn: Any, declared: Any) -> Any:
+    """Padding drawn as a margin over the generator's page keeps that margin over the backend's.
+
+    vLLM pads pages up to the largest page of the model, computed after backends customize their
+    specs (quantization scales, head slots); a padded size under the declared page is no
+    configuration vLLM builds.
+    """
+    if drawn.page_size_padded is None:
+        return declared
+    margin = drawn.page_size_padded - pages.unpadded_bytes(drawn, drawn.block_size)
+    if margin < 0:
+        return declared
+    return dataclasses.replace(declared, page_size_padded=pages.unpadded_bytes(declared, declared.block_size) + margin)
