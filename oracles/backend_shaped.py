@@ -23,7 +23,7 @@ import math
 from fuzz.case import DTYPE_SIZES, Case, GroupCase, evaluate_shape, parse_shape_entry
 from oracles import pages
 from oracles.contract import Contract
-from oracles.expectation import Expectation, LayerExpectation, PageRule, ViewExpectation, dense_strides, rejected
+from oracles.expectation import Expectation, LayerExpectation, PageRule, ViewExpectation, dense_strides, rejected, with_sharers
 
 
 def expect(case: Case, contract: Contract) -> Expectation:
@@ -43,15 +43,13 @@ def expect(case: Case, contract: Contract) -> Expectation:
             if isinstance(built, str):
                 return rejected(contract.name, built, name)
             layers[name] = built
-    sharing = dict(case.kv_sharing)
-    for sharer, target in sharing.items():
-        layers[sharer] = layers[target]
+    layers = with_sharers(layers, case.kv_sharing)
     page_bytes = max(page_sizes)
     return Expectation(
         contract=contract.name,
         buffers=tuple(case.num_blocks * page_bytes for _ in pools),
         layers=layers,
-        kv_sharing=sharing,
+        kv_sharing=dict(case.kv_sharing),
         kernel_block_sizes=kernel_sizes,
     )
 

@@ -7,6 +7,7 @@ bytes when it has to explain a difference.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -109,6 +110,11 @@ class Expectation:
 
 def rejected(contract: str, reason: str, layer: str | None = None) -> Expectation:
     return Expectation(contract=contract, reject_reason=reason, reject_layer=layer)
+
+
+def with_sharers(layers: dict[str, LayerExpectation], kv_sharing: Iterable[tuple[str, str]]) -> dict[str, LayerExpectation]:
+    """A KV-sharing layer has no cache of its own: it expects exactly its target's view."""
+    return {**layers, **{sharer: layers[target] for sharer, target in kv_sharing}}
 
 
 def dense_strides(shape: tuple[int, ...], order: tuple[int, ...], element_size: int) -> list[int]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from fuzz.case import Case, GroupCase
 from oracles import pages
 from oracles.contract import Contract
-from oracles.expectation import Expectation, LayerExpectation, PageRule, ViewExpectation, rejected
+from oracles.expectation import Expectation, LayerExpectation, PageRule, ViewExpectation, rejected, with_sharers
 
 AXES = "LBHNC"
 
@@ -58,14 +58,12 @@ def expect(case: Case, contract: Contract) -> Expectation:
             if isinstance(built, str):
                 return rejected(contract.name, built, name)
             layers[name] = built
-    sharing = dict(case.kv_sharing)
-    for sharer, target in sharing.items():
-        layers[sharer] = layers[target]
+    layers = with_sharers(layers, case.kv_sharing)
     return Expectation(
         contract=contract.name,
         buffers=(bytes_per_block * case.num_blocks,),
         layers=layers,
-        kv_sharing=sharing,
+        kv_sharing=dict(case.kv_sharing),
         kernel_block_sizes=kernel_sizes,
     )
 
