@@ -125,7 +125,7 @@ def _run_atheris(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def replay(args: argparse.Namespace, out: TextIO) -> int:
-    from fuzz.corpus import entries
+    from fuzz.corpus import entries, expected_signatures
     from fuzz.replay import replay_entry
 
     if not args.path.exists():
@@ -134,8 +134,9 @@ def replay(args: argparse.Namespace, out: TextIO) -> int:
     failures = 0
     with open_pool(args) as pool:
         target = RemoteTarget(pool)
+        known = expected_signatures(found, target.info.vllm_version)
         for entry in found:
-            outcome = replay_entry(target, entry, args.device, probe=args.probe == "physical")
+            outcome = replay_entry(target, entry, args.device, probe=args.probe == "physical", known=known)
             failures += outcome.status == "unexpected"
             print(f"{outcome.status:10} {entry.path}  {outcome.detail}", file=out)
             if outcome.finding is not None and args.shrink_into:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,3 +66,8 @@ def known_signatures(root: Path) -> set[str]:
     if not root.exists():
         return set()
     return {e.meta["signature"] for e in entries(root) if "signature" in e.meta}
+
+
+def expected_signatures(found: Iterable[Entry], version: str) -> frozenset[str]:
+    """The signatures that kept findings record as expected failures of one release."""
+    return frozenset(e.expected_signature for e in found if e.expected_signature and version in e.affected_versions)

@@ -7,8 +7,9 @@ Options:
   --kvfuzz-corpus DIR      the corpus replayed by `kvfuzz_entry` tests (default: corpus/)
 
 Fixtures: `kvfuzz_target` (a Target: in-process for the installed vLLM, a worker process
-otherwise), `kvfuzz_device`, and `kvfuzz_entry`, which parametrizes a test over every corpus
-file with a readable id (spec kinds, backends, finding kind or "seed", file stem).
+otherwise), `kvfuzz_device`, `kvfuzz_entry`, which parametrizes a test over every corpus
+file with a readable id (spec kinds, backends, finding kind or "seed", file stem), and
+`kvfuzz_known`, the signatures the corpus keeps as expected failures of the target's release.
 """
 
 from __future__ import annotations
@@ -80,3 +81,11 @@ def kvfuzz_target(request: pytest.FixtureRequest) -> Iterator[Any]:
 
     with Pool(releases.resolve(spec), workers=1) as pool:
         yield RemoteTarget(pool)
+
+
+@pytest.fixture(scope="session")
+def kvfuzz_known(request: pytest.FixtureRequest, kvfuzz_target: Any) -> frozenset[str]:
+    from fuzz.corpus import entries, expected_signatures
+
+    root = _corpus_root(request.config)
+    return expected_signatures(entries(root), kvfuzz_target.info.vllm_version) if root.exists() else frozenset()

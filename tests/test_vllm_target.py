@@ -8,15 +8,28 @@ from pathlib import Path
 import pytest
 
 from fuzz.cli import main
-from fuzz.corpus import entries
+from fuzz.corpus import Entry, entries
 from fuzz.replay import replay_entry
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 
 
-def test_corpus_replays(kvfuzz_target, kvfuzz_device, kvfuzz_entry):
-    outcome = replay_entry(kvfuzz_target, kvfuzz_entry, kvfuzz_device)
+def test_corpus_replays(kvfuzz_target, kvfuzz_device, kvfuzz_entry, kvfuzz_known):
+    outcome = replay_entry(kvfuzz_target, kvfuzz_entry, kvfuzz_device, known=kvfuzz_known)
     assert outcome.status in ("pass", "expected", "fixed", "skipped"), outcome.detail
+
+
+def test_a_case_meeting_another_kept_bug_is_expected_only_when_that_bug_is_kept(kvfuzz_target, kvfuzz_device, kvfuzz_known):
+    # A case kept for a bug of other releases that fails here as a finding this release keeps.
+    here = kvfuzz_target.info.vllm_version
+    kept = next((e for e in entries(CORPUS / "findings") if here in e.affected_versions), None)
+    if kept is None:
+        pytest.skip(f"the corpus keeps no finding of {here}")
+    elsewhere = Entry(kept.path, kept.case, {**kept.meta, "signature": "another bug", "affected_versions": ["0.0.1"]})
+    assert kept.expected_signature in kvfuzz_known
+    assert replay_entry(kvfuzz_target, elsewhere, kvfuzz_device, known=kvfuzz_known).status == "expected"
+    outcome = replay_entry(kvfuzz_target, elsewhere, kvfuzz_device)
+    assert (outcome.status, outcome.detail) == ("unexpected", kept.expected_signature)
 
 
 def test_seed_cases_pass(kvfuzz_target, kvfuzz_device):
