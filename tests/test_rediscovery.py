@@ -43,6 +43,7 @@ def test_0220_crashes_on_a_compressed_mla_case_and_minimizes_it(campaign_on_0220
     assert spec.compress_ratio > 1, "storage_block_size < block_size"
     assert case.groups[0].kernel_block_size < spec.block_size, "kernel-block splitting"
     assert case.num_blocks == 1, "the smallest block count that still fails"
+    assert record.finding.layer in case.layer_names, "the finding names a layer of its minimized case"
 
 
 def test_0230_does_not_have_it(campaign_on_0220, tmp_path):
