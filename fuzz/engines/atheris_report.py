@@ -60,9 +60,9 @@ def minimize_records(state: RunState, records: list[dict[str, Any]], budget: flo
             old = Path(record["path"])
             small, smallest, _ = shrink_finding(load(old), finding, find, state.info, max_seconds=deadline - time.monotonic(),
                                                 max_steps=MINIMIZE_STEPS["process" if finding.kind in PROCESS_KINDS else "value"])
-            meta = {k: v for k, v in json.loads(old.read_text()).items() if k not in ("case", "reproduce")}
-            path = corpus.save_finding(old.parent, small, {**meta, **smallest.to_dict(), "minimized": True})
             record["finding"] = smallest.to_dict()
+            meta = {k: v for k, v in json.loads(old.read_text()).items() if k not in ("case", "reproduce")}
+            path = corpus.save_finding(old.parent, small, {**meta, **record["finding"], "minimized": True})
             if path != old:
                 old.unlink(missing_ok=True)
             record["path"], record["minimized"] = str(path), True
