@@ -14,11 +14,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from fuzz import releases
+from fuzz import SOURCE_ROOT
+from fuzz.campaign.pool import Pool, RemoteTarget
 from fuzz.case import Case
 from fuzz.errors import UsageError
-from fuzz.findings import Finding
-from fuzz.pool import Pool, RemoteTarget
+from fuzz.targets import releases
+from fuzz.verdict.findings import Finding
 
 MIB = 1 << 20
 
@@ -53,7 +54,7 @@ def open_campaign_pool(args: argparse.Namespace) -> Iterator[Any]:
         with open_pool(args, workers=_worker_count(args)) as pool:
             yield pool
         return
-    from fuzz.ray_pool import open_ray_pool
+    from fuzz.cluster.pool import open_ray_pool
 
     workers = None if args.workers in (None, "auto") else int(args.workers)
     pool = open_ray_pool(releases.resolve(args.vllm), args.ray, device=args.device, workers=workers,
@@ -65,8 +66,8 @@ def open_campaign_pool(args: argparse.Namespace) -> Iterator[Any]:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    from fuzz.campaign import Campaign, CampaignOptions
-    from fuzz.progress import Progress
+    from fuzz.campaign.engine import Campaign, CampaignOptions
+    from fuzz.campaign.progress import Progress
 
     if args.ray is not None and args.engine == "atheris":
         raise UsageError("--ray goes with the default engine")
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
 
 def _write_reports(args: argparse.Namespace, data: dict[str, object]) -> int:
     """The JSON report and JUnit XML a campaign was asked for; the exit status for its findings."""
-    from fuzz.report import write_junit
+    from fuzz.campaign.junit import write_junit
 
     if args.report:
         args.report.write_text(json.dumps(data, indent=1) + "\n")
@@ -125,8 +126,8 @@ def _run_atheris(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def replay(args: argparse.Namespace, out: TextIO) -> int:
-    from fuzz.corpus import entries, expected_signatures
-    from fuzz.replay import replay_entry
+    from fuzz.corpus.replay import replay_entry
+    from fuzz.corpus.store import entries, expected_signatures
 
     if not args.path.exists():
         raise UsageError(f"{args.path}: no such file or folder")
@@ -146,9 +147,9 @@ def replay(args: argparse.Namespace, out: TextIO) -> int:
 
 def _shrink_finding(target: RemoteTarget, case: Case, finding: Finding, args: argparse.Namespace) -> Path:
     """A finding met outside a campaign goes through the same minimizer and into a corpus folder."""
-    from fuzz import corpus
-    from fuzz.minimize import shrink_finding
-    from fuzz.runner import run_case
+    from fuzz.corpus import store as corpus
+    from fuzz.corpus.minimize import shrink_finding
+    from fuzz.verdict.runner import run_case
 
     def find(candidate: Case) -> Finding | None:
         return run_case(target, candidate, args.device).verdict.finding
@@ -161,8 +162,8 @@ def _shrink_finding(target: RemoteTarget, case: Case, finding: Finding, args: ar
 
 def explain(args: argparse.Namespace, out: TextIO) -> int:
     from fuzz.case import load
-    from fuzz.explain import describe, render
-    from fuzz.runner import run_case
+    from fuzz.explain.render import describe, render
+    from fuzz.verdict.runner import run_case
 
     case = load(args.case)
     with open_pool(args) as pool:
@@ -170,7 +171,7 @@ def explain(args: argparse.Namespace, out: TextIO) -> int:
         result = run_case(target, case, args.device, probe=args.probe == "physical")
     print(json.dumps(describe(result, target), indent=1) if args.json else render(result, target), file=out)
     if args.png:
-        from fuzz.picture import draw
+        from fuzz.explain.picture import draw
 
         draw(result, args.png, vllm=target.info.vllm_version)
         print(f"kvfuzz: drew {args.png}", file=out)
@@ -178,7 +179,7 @@ def explain(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def selftest(args: argparse.Namespace, out: TextIO) -> int:
-    from fuzz.selftest import selftest as run_selftest
+    from fuzz.campaign.selftest import selftest as run_selftest
 
     return run_selftest(args.device, args.max_time, out, vllm=args.vllm, corpus=args.corpus, seed=args.seed, max_cases=args.max_cases,
                         synthetic=not args.no_synthetic, case_timeout=args.case_timeout, max_memory=args.max_memory * MIB)
@@ -186,8 +187,8 @@ def selftest(args: argparse.Namespace, out: TextIO) -> int:
 
 def shrink(args: argparse.Namespace, out: TextIO) -> int:
     from fuzz.case import dumps, load
-    from fuzz.minimize import shrink_finding
-    from fuzz.runner import run_case
+    from fuzz.corpus.minimize import shrink_finding
+    from fuzz.verdict.runner import run_case
 
     case = load(args.case)
     with open_pool(args) as pool:
@@ -211,8 +212,8 @@ def shrink(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def bisect(args: argparse.Namespace, out: TextIO) -> int:
-    from fuzz.bisect import bisect_case, format_table
     from fuzz.case import load
+    from fuzz.corpus.bisect import bisect_case, format_table
 
     case = load(args.case)
     versions = releases.releases_between(args.low or "0.19.1", args.high)
@@ -229,12 +230,12 @@ def bench(args: argparse.Namespace, out: TextIO) -> int:
     import sys
     import tempfile
 
-    from fuzz.campaign import Campaign, CampaignOptions
+    from fuzz.campaign.engine import Campaign, CampaignOptions
 
     source = releases.resolve(args.vllm)
     env = releases.worker_environment(source)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH", ""), str(Path(__file__).resolve().parent.parent)]))
-    measured = subprocess.run([sys.executable, "-m", "fuzz.bench", "--seed", str(args.seed), "--cases", str(args.cases)],
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH", ""), str(SOURCE_ROOT)]))
+    measured = subprocess.run([sys.executable, "-m", "fuzz.campaign.bench", "--seed", str(args.seed), "--cases", str(args.cases)],
                               env=env, capture_output=True, text=True, check=False)
     if measured.returncode != 0:
         raise UsageError(f"bench: the measuring process failed: {(measured.stderr.strip().splitlines() or ['?'])[-1]}")

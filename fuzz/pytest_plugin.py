@@ -55,7 +55,7 @@ def entry_id(entry: Any) -> str:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "kvfuzz_entry" in metafunc.fixturenames:
-        from fuzz.corpus import entries
+        from fuzz.corpus.store import entries
 
         root = _corpus_root(metafunc.config)
         found = list(entries(root)) if root.exists() else []
@@ -76,8 +76,8 @@ def kvfuzz_target(request: pytest.FixtureRequest) -> Iterator[Any]:
 
         yield load_local()
         return
-    from fuzz import releases
-    from fuzz.pool import Pool, RemoteTarget
+    from fuzz.campaign.pool import Pool, RemoteTarget
+    from fuzz.targets import releases
 
     with Pool(releases.resolve(spec), workers=1) as pool:
         yield RemoteTarget(pool)
@@ -85,7 +85,7 @@ def kvfuzz_target(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def kvfuzz_known(request: pytest.FixtureRequest, kvfuzz_target: Any) -> frozenset[str]:
-    from fuzz.corpus import entries, expected_signatures
+    from fuzz.corpus.store import entries, expected_signatures
 
     root = _corpus_root(request.config)
     return expected_signatures(entries(root), kvfuzz_target.info.vllm_version) if root.exists() else frozenset()

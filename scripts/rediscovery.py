@@ -13,10 +13,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from fuzz import releases
-from fuzz.campaign import Campaign, CampaignOptions, FoundRecord
+from fuzz.campaign.engine import Campaign, CampaignOptions, FoundRecord
+from fuzz.campaign.pool import Pool
 from fuzz.case import MLA_KINDS
-from fuzz.pool import Pool
+from fuzz.targets import releases
 
 
 def is_38831(record: FoundRecord) -> bool:

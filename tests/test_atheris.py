@@ -284,7 +284,7 @@ def is_38831(finding: dict) -> bool:
 def test_finds_the_compressed_mla_crash_on_0_22(tmp_path, monkeypatch):
     if Path("/tmp/whl").is_dir() and "KVFUZZ_WHEELHOUSE" not in os.environ:
         monkeypatch.setenv("KVFUZZ_WHEELHOUSE", "/tmp/whl")
-    from fuzz.releases import resolve
+    from fuzz.targets.releases import resolve
 
     source = resolve("0.22.0")
     report = run_atheris(source, device="cpu", max_time=6, seed=0, corpus_dir=tmp_path, out=io.StringIO(), minimize_time=8)

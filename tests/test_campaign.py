@@ -38,9 +38,9 @@ def test_sigint_flushes_the_report_and_a_rerun_resumes(tmp_path):
 
 def test_a_pool_serves_campaigns_one_after_another(tmp_path):
     """Workers outlive campaigns; what one campaign found must not be hidden from the next."""
-    from fuzz import releases
-    from fuzz.campaign import Campaign, CampaignOptions
-    from fuzz.pool import Pool
+    from fuzz.campaign.engine import Campaign, CampaignOptions
+    from fuzz.campaign.pool import Pool
+    from fuzz.targets import releases
 
     with Pool(releases.resolve("installed"), workers=1) as pool:
         runs = [Campaign(pool, CampaignOptions(max_cases=600, seed=1, corpus_dir=tmp_path / str(n))).run() for n in range(2)]

@@ -10,8 +10,8 @@ from collections import Counter
 
 import numpy as np
 
-from fuzz.compare import block_layout, classify
 from fuzz.space import Rejected, draw_indexed
+from fuzz.verdict.compare import block_layout, classify
 from oracles import expect
 from oracles.contract import LAYOUT_PLACED_KERNEL_MAP, SHAPED_022
 from oracles.strided import Strided, byte_addresses
@@ -121,8 +121,8 @@ def test_production_sized_cache_is_classified_without_enumerating():
 
 def test_errors_are_judged_by_whether_the_contract_expresses_the_case():
     from fuzz.case import SpecCase
-    from fuzz.compare import compare
     from fuzz.targets.base import Outcome
+    from fuzz.verdict.compare import compare
     from tests.conftest import one_group
 
     valid = one_group(SpecCase(kind="full", block_size=16, num_kv_heads=2, head_size=64, dtype="float16"))

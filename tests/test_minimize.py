@@ -1,7 +1,7 @@
 """The minimizer: deterministic, realistic candidates only, and it reaches the smallest failing case."""
 
 from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend
-from fuzz.minimize import minimize, size
+from fuzz.corpus.minimize import minimize, size
 from fuzz.space import unrealistic
 from tests.conftest import synthetic_info
 

@@ -9,9 +9,9 @@ import pytest
 
 import oracles
 from fuzz.case import from_dict, load
-from fuzz.picture import draw, parse_storage_error, text_diff
-from fuzz.runner import CaseResult, run_case
+from fuzz.explain.picture import draw, parse_storage_error, text_diff
 from fuzz.targets.base import BufferRecord, Outcome, ViewRecord
+from fuzz.verdict.runner import CaseResult, run_case
 from oracles.contract import CONTRACTS
 
 SEEDS = Path(__file__).resolve().parent.parent / "corpus" / "seeds"
@@ -86,7 +86,7 @@ def test_rejected_case(target, tmp_path):
 
 
 def seed_result(outcome: Outcome, status: str = "finding") -> CaseResult:
-    from fuzz.compare import Verdict
+    from fuzz.verdict.compare import Verdict
 
     case = load(SEEDS / "dsv4-ratio128-1728-page.json")
     return CaseResult(case, Verdict(status), oracles.expect(case, CONTRACTS["placed-0.32"]), outcome)
@@ -121,7 +121,7 @@ def test_view_past_the_buffer(tmp_path):
 
 
 def test_aliasing_view_is_a_clash():
-    from fuzz.picture import actual_tensors, byte_map
+    from fuzz.explain.picture import actual_tensors, byte_map
 
     view = ViewRecord((2, 1, 2, 584), (0, 584, 584, 1), 0, "uint8", 1, 0)  # both blocks on page 0
     result = seed_result(Outcome(views={"l0": (view,)}, buffers=(BufferRecord(3456, ("l0",)),)))

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from fuzz import releases
-from fuzz.campaign import Campaign, CampaignOptions
+from fuzz.campaign.engine import Campaign, CampaignOptions
+from fuzz.campaign.pool import Pool, RemoteTarget
 from fuzz.case import Case, GroupCase, SpecCase
-from fuzz.pool import Pool, RemoteTarget
-from fuzz.runner import run_case
+from fuzz.targets import releases
+from fuzz.verdict.runner import run_case
 from tests.hostile import make_hostile_checkout
 
 pytest.importorskip("vllm")

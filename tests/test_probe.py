@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from fuzz.probe import CANARY, expected_bytes, pattern, physical_probe
+from fuzz.targets.probe import CANARY, pattern, physical_probe
+from fuzz.verdict.probe import expected_bytes
 from oracles.expectation import ViewExpectation
 
 

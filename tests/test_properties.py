@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fuzz.case import dumps
-from fuzz.minimize import shrink_finding
-from fuzz.runner import run_case
+from fuzz.corpus.minimize import shrink_finding
 from fuzz.strategies import cases
+from fuzz.verdict.runner import run_case
 
 
 @given(st.data())

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import releases
-from fuzz.campaign import Campaign, CampaignOptions, Report
+from fuzz.campaign.engine import Campaign, CampaignOptions, Report
 from fuzz.case import load
 from fuzz.errors import TargetError, UsageError
+from fuzz.targets import releases
 from tests.hostile import make_hostile_checkout
 
 try:
@@ -43,7 +43,7 @@ def cluster():
 
 
 def open_pool(cluster, spec: str = "installed", case_timeout: float = 30.0, max_memory: int = 1 << 30):
-    from fuzz.ray_pool import open_ray_pool
+    from fuzz.cluster.pool import open_ray_pool
 
     return open_ray_pool(releases.resolve(spec), cluster.address, device="cpu", case_timeout=case_timeout, max_memory=max_memory)
 
@@ -61,7 +61,7 @@ def assert_every_finding_on_disk(report: Report, corpus: Path) -> None:
 
 
 def test_open_ray_pool_without_ray_says_how_to_install(monkeypatch):
-    from fuzz.ray_pool import open_ray_pool
+    from fuzz.cluster.pool import open_ray_pool
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(UsageError, match=r"pip install 'kvfuzz\[ray\]'"):

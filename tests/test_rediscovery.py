@@ -7,12 +7,12 @@ as for every target: no hint, no special case."""
 
 import pytest
 
-from fuzz import releases
-from fuzz.bisect import bisect_case, transitions
-from fuzz.campaign import Campaign, CampaignOptions
+from fuzz.campaign.engine import Campaign, CampaignOptions
+from fuzz.campaign.pool import Pool
 from fuzz.case import MLA_KINDS
-from fuzz.corpus import entries
-from fuzz.pool import Pool
+from fuzz.corpus.bisect import bisect_case, transitions
+from fuzz.corpus.store import entries
+from fuzz.targets import releases
 
 pytestmark = pytest.mark.releases
 SEED, CASES = 1, 1500

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import releases
 from fuzz.errors import TargetError
-from fuzz.releases import TargetSource, cache_root, cached_versions, releases_between, resolve, worker_environment
+from fuzz.targets import releases
+from fuzz.targets.releases import TargetSource, cache_root, cached_versions, releases_between, resolve, worker_environment
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE = "9.8.7"
@@ -211,7 +211,7 @@ def test_concurrent_fill_is_safe_without_the_lock(wheel, cache, monkeypatch):
 
 
 def test_concurrent_processes_share_one_entry(wheel, cache):
-    code = f"from fuzz.releases import resolve; print(resolve({FAKE!r}).python_path)"
+    code = f"from fuzz.targets.releases import resolve; print(resolve({FAKE!r}).python_path)"
     workers = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True) for _ in range(4)]
     paths = {worker.communicate(timeout=60)[0].strip() for worker in workers}
     assert all(worker.returncode == 0 for worker in workers)

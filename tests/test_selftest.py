@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from fuzz.selftest import format_table, selftest
+from fuzz.campaign.selftest import format_table, selftest
 
 COLUMNS = ("device", "torch", "vLLM", "cases", "cases/s", "verdicts", "findings by kind", "probe mismatches", "result")
 

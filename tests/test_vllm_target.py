@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from fuzz.cli import main
-from fuzz.corpus import Entry, entries
-from fuzz.replay import replay_entry
+from fuzz.corpus.replay import replay_entry
+from fuzz.corpus.store import Entry, entries
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 

@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fuzz import corpus
 from fuzz.case import Case
+from fuzz.corpus import store as corpus
 from fuzz.engines.provider import InputSlot, case_from_bytes
-from fuzz.findings import Finding
 from fuzz.targets.base import TargetInfo
+from fuzz.verdict.findings import Finding
 
 # Modules that hold vLLM's KV-cache reshape/view logic; those the loaded target imported are
 # instrumented, with the modules of the attention backends it uses.
@@ -130,8 +130,8 @@ class Harness:
     first: bool = True
 
     def __post_init__(self) -> None:
-        from fuzz.findings import normalize
-        from fuzz.runner import run_case
+        from fuzz.verdict.findings import normalize
+        from fuzz.verdict.runner import run_case
 
         self.run_case, self.normalize = run_case, normalize
 
@@ -217,7 +217,7 @@ def child_main(config_path: str) -> None:
     config = json.loads(Path(config_path).read_text())
     import atheris
 
-    import fuzz.runner  # noqa: F401 - torch and the oracle load before the deadline is set
+    import fuzz.verdict.runner  # noqa: F401 - torch and the oracle load before the deadline is set
 
     target = _load_target(config["target_factory"])
     names = config["instrument"] if config["instrument"] is not None else modules_under_test(target)

@@ -1,7 +1,7 @@
 """`kvfuzz run --engine atheris`: the campaign's property, steered by libFuzzer's coverage feedback.
 
 The property is the default engine's: draw a case from the space (`fuzz.space.draw_case`), run it
-through target and oracle (`fuzz.runner.run_case`); a Finding is a failure. Here the draws come
+through target and oracle (`fuzz.verdict.runner.run_case`); a Finding is a failure. Here the draws come
 from libFuzzer's bytes (`fuzz.engines.provider.ProviderSource` over `atheris.FuzzedDataProvider`),
 and the vLLM modules that hold the KV-cache reshape/view logic are instrumented, so inputs
 reaching new branches there are kept and mutated further.
@@ -15,7 +15,7 @@ pure function of bytes and the target's declarations, as `draw_indexed` is of se
 the default engine), records a crash-signal / hang / oom finding, moves the input out of
 libFuzzer's corpus and starts a new child for the time left (`fuzz.engines.libfuzzer` reads the
 exit, the log's coverage and the artifacts). New findings are minimized after fuzzing, in a
-plain (uninstrumented) worker of `fuzz.pool.Pool`, and the report is the default engine's plus
+plain (uninstrumented) worker of `fuzz.campaign.pool.Pool`, and the report is the default engine's plus
 coverage, startup and instrumentation.
 """
 
@@ -30,16 +30,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from fuzz import corpus
+from fuzz import SOURCE_ROOT
 from fuzz.case import Case
+from fuzz.corpus import store as corpus
 from fuzz.engines.atheris_child import finding_meta, instrument_modules, modules_under_test
 from fuzz.engines.atheris_report import build_report, gather_records, minimize_records, print_summary
+from fuzz.engines.atheris_state import Attempt, RunState
 from fuzz.engines.libfuzzer import (
     STATUS_LINE,
     Coverage,
@@ -52,9 +52,9 @@ from fuzz.engines.libfuzzer import (
 )
 from fuzz.engines.provider import InputSlot, ProviderSource, SlotState, case_from_bytes
 from fuzz.errors import TargetError, UsageError
-from fuzz.findings import Finding
-from fuzz.releases import TargetSource, resolve, worker_environment
 from fuzz.targets.base import TargetInfo
+from fuzz.targets.releases import TargetSource, resolve, worker_environment
+from fuzz.verdict.findings import Finding
 
 START_TIMEOUT = 300.0
 PROGRESS_INTERVAL = 10.0
@@ -67,46 +67,6 @@ DEFAULT_TARGET = "fuzz.targets:load_local"
 def _spec_kinds(case: Case) -> str:
     """The case's spec kinds, as a process finding's signature names them."""
     return "+".join(sorted({g.spec.kind for g in case.groups}))
-
-
-@dataclass
-class Attempt:
-    """One atheris child process."""
-
-    number: int
-    folder: Path
-    process: subprocess.Popen[bytes]
-    log: Path
-    slot: Path
-    stats: Path
-    ready: Path
-
-
-@dataclass
-class RunState:
-    """What the coordinator knows of one run, added up over its child processes."""
-
-    source: TargetSource
-    work: Path
-    options: dict[str, Any]
-    out: TextIO
-    known: set[str]
-    info: TargetInfo | None = None
-    ready: dict[str, Any] = field(default_factory=dict)
-    started: float | None = None
-    deadline: float | None = None
-    cases: int = 0
-    verdicts: Counter[str] = field(default_factory=Counter)
-    rejections: Counter[str] = field(default_factory=Counter)
-    skips: Counter[str] = field(default_factory=Counter)
-    crash_records: list[dict[str, Any]] = field(default_factory=list)
-    deaths: list[dict[str, Any]] = field(default_factory=list)  # every child that did not end by itself
-    coverage: Coverage = field(default_factory=Coverage)
-    restarts: int = 0
-    duplicates: int = 0
-    stop_reason: str = ""
-    startup_s: float = 0.0
-    ended: float | None = None
 
 
 def run_atheris(source: TargetSource | str, *, device: str, max_time: float, seed: int, corpus_dir: Path, synthetic: bool = True,
@@ -198,7 +158,7 @@ def _start(state: RunState, number: int) -> Attempt:
               "libfuzzer": libfuzzer_flags(options["seed"], number, options["case_timeout"], folder, options["extra_flags"])}
     corpus.write_atomic(folder / "config.json", config)
     env = worker_environment(state.source)
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(SOURCE_ROOT)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH", ""), root]))
     log = folder / "log.txt"
     with open(log, "wb") as handle:

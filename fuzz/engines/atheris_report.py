@@ -2,8 +2,8 @@
 
 The children log their findings to `findings.jsonl` in the work folder; the coordinator keeps the
 process deaths it attributed (`RunState.crash_records`). Both are shrunk in a plain
-(uninstrumented) worker of `fuzz.pool.Pool` within the run's minimize time, and the report is the
-default engine's (`fuzz.campaign.Report`) plus coverage, startup, minimize time, instrumentation
+(uninstrumented) worker of `fuzz.campaign.pool.Pool` within the run's minimize time, and the report is the
+default engine's (`fuzz.campaign.engine.Report`) plus coverage, startup, minimize time, instrumentation
 and the process deaths.
 """
 
@@ -13,15 +13,13 @@ import contextlib
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
-from fuzz import corpus
 from fuzz.case import Case, load
+from fuzz.corpus import store as corpus
+from fuzz.engines.atheris_state import RunState
 from fuzz.engines.libfuzzer import libfuzzer_seed
-from fuzz.findings import PROCESS_KINDS, Finding
-
-if TYPE_CHECKING:
-    from fuzz.engines.atheris_engine import RunState
+from fuzz.verdict.findings import PROCESS_KINDS, Finding
 
 MINIMIZE_STEPS = {"value": 600, "process": 40}  # a process candidate may cost a restart or a timeout
 
@@ -40,9 +38,9 @@ def gather_records(state: RunState) -> list[dict[str, Any]]:
 def minimize_records(state: RunState, records: list[dict[str, Any]], budget: float) -> float:
     """Shrink each new finding in an uninstrumented worker process, rewriting its corpus file;
     `budget` seconds in all, after the worker started. Returns the seconds spent, startup included."""
-    from fuzz.minimize import shrink_finding
-    from fuzz.pool import Pool, RemoteTarget
-    from fuzz.runner import run_case
+    from fuzz.campaign.pool import Pool, RemoteTarget
+    from fuzz.corpus.minimize import shrink_finding
+    from fuzz.verdict.runner import run_case
 
     assert state.info is not None
     began = time.monotonic()
@@ -70,7 +68,7 @@ def minimize_records(state: RunState, records: list[dict[str, Any]], budget: flo
 
 
 def build_report(state: RunState, records: list[dict[str, Any]], minimize_s: float) -> dict[str, Any]:
-    from fuzz.campaign import FoundRecord, Report
+    from fuzz.campaign.engine import FoundRecord, Report
 
     assert state.info is not None and state.started is not None
     target = {"spec": state.source.spec, "label": state.source.label, "vllm_version": state.info.vllm_version,

@@ -95,7 +95,7 @@ def parse_coverage(text: str) -> Coverage:
 
 def classify_exit(returncode: int, log: str, case_timeout: float, watchdog: bool = False) -> tuple[str, str]:
     """(finding kind, message) for a child that did not end by itself; messages match the default
-    engine's (fuzz.pool) so one bug has one signature whichever engine found it."""
+    engine's (fuzz.campaign.pool) so one bug has one signature whichever engine found it."""
     if watchdog or "ERROR: libFuzzer: timeout" in log:
         return "hang", f"no answer within {case_timeout:g} s"
     if "ERROR: libFuzzer: out-of-memory" in log:

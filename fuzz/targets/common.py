@@ -19,6 +19,7 @@ import oracles
 from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend
 from fuzz.errors import Inexpressible
 from fuzz.targets.base import BackendInfo, BufferRecord, Execution, Outcome, TargetInfo, ViewRecord
+from fuzz.targets.probe import physical_probe, storage_key
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -333,8 +334,6 @@ class Adapter:
         views, raw, used = self.prepare(case, device)()
         outcome = self.record(views, raw, dict(case.kv_sharing), used)
         if probe and device.type != "meta":
-            from fuzz.probe import physical_probe
-
             outcome = dataclasses.replace(outcome, probe=physical_probe(views, raw))
         return outcome
 
@@ -379,13 +378,6 @@ class Adapter:
                 layers_on[buffer].append(name)
         buffers = tuple(BufferRecord(size=b.untyped_storage().nbytes(), layers=tuple(layers)) for b, layers in zip(raw, layers_on, strict=True))
         return Outcome(views=records, buffers=buffers, kernel_block_sizes=used, aliases=aliases)
-
-
-def storage_key(tensor: torch.Tensor) -> int:
-    """Which raw allocation a tensor views. Meta tensors (production-size metadata runs) have no
-    addresses, so the storage object itself tells them apart."""
-    storage = tensor.untyped_storage()
-    return storage._cdata if tensor.is_meta else storage.data_ptr()  # type: ignore[attr-defined]
 
 
 def record_view(tensor: torch.Tensor, buffers: dict[int, int]) -> ViewRecord:

@@ -1,17 +1,17 @@
 """A campaign across machines: the local pool's interface, backed by Ray actors on a cluster's nodes.
 
-The driver stays the single coordinator; `RayPool` is what the campaign (`fuzz.campaign`) drives
-in place of `fuzz.pool.Pool`. Campaign workers are logical: worker i's batches run on its home
-actor i (a `fuzz.ray_actor.NodeRelay`, one local worker on its node) while that actor lives. An
+The driver stays the single coordinator; `RayPool` is what the campaign (`fuzz.campaign.engine`) drives
+in place of `fuzz.campaign.pool.Pool`. Campaign workers are logical: worker i's batches run on its home
+actor i (a `fuzz.cluster.actor.NodeRelay`, one local worker on its node) while that actor lives. An
 actor that dies (its node is lost, its process killed) is not a finding: the batch it held is
 queued again whole and taken by the next free live actor, Ray restarts the dead actor somewhere,
 and once it answers again it takes back its own worker.
 
 The target's vLLM is resolved once on the driver; a release or checkout is packed and handed to
-the nodes by a depot actor (`fuzz.ray_actor`), and kvfuzz's own packages travel as the job's
-py_modules (`runtime_env`, from `fuzz.ray_cluster`), so every node fuzzes the same vLLM with the
+the nodes by a depot actor (`fuzz.cluster.actor`), and kvfuzz's own packages travel as the job's
+py_modules (`runtime_env`, from `fuzz.cluster.connect`), so every node fuzzes the same vLLM with the
 same kvfuzz. Crash findings are shrunk on a spare actor of their own (`spare_target`, see
-`fuzz.ray_spare`). Ray is optional: this module imports without it, and `open_ray_pool` says how
+`fuzz.cluster.spare`). Ray is optional: this module imports without it, and `open_ray_pool` says how
 to install it.
 """
 
@@ -24,15 +24,15 @@ from collections import deque
 from functools import cache
 from typing import Any
 
-from fuzz import protocol
+from fuzz.campaign import protocol
+from fuzz.campaign.pool import Loss, Message
+from fuzz.cluster.actor import NodeRelay, TargetDepot, pack_target
+from fuzz.cluster.connect import INSTALL_HINT, cluster_slots, connect, first_line, resources_text, runtime_env
+from fuzz.cluster.members import MAX_ATTEMPTS, RECHECK_S, Job, Member, NodeStats, cases_through
+from fuzz.cluster.spare import RaySpareTarget
 from fuzz.errors import TargetError, UsageError
-from fuzz.pool import Loss, Message
-from fuzz.ray_actor import NodeRelay, TargetDepot, pack_target
-from fuzz.ray_cluster import INSTALL_HINT, cluster_slots, connect, first_line, resources_text, runtime_env
-from fuzz.ray_members import MAX_ATTEMPTS, RECHECK_S, Job, Member, NodeStats, cases_through
-from fuzz.ray_spare import RaySpareTarget
-from fuzz.releases import TargetSource
 from fuzz.targets.base import TargetInfo
+from fuzz.targets.releases import TargetSource
 
 START_TIMEOUT = 300.0  # seconds for every actor to start and load the target
 LOST_TIMEOUT = 300.0  # seconds without any live fuzzing actor before the campaign gives up
@@ -111,7 +111,7 @@ class RayPool:
                 hello = ray.get(ref)
             except ray.exceptions.RayError as error:
                 raise TargetError(f"--vllm {self.source.spec}: a Ray worker failed to start: {first_line(error)} (does the job ship "
-                                  "kvfuzz? ray.init(runtime_env=fuzz.ray_pool.runtime_env()), or install kvfuzz on the nodes)") from None
+                                  "kvfuzz? ray.init(runtime_env=fuzz.cluster.pool.runtime_env()), or install kvfuzz on the nodes)") from None
             if "error" in hello:
                 raise TargetError(f"--vllm {self.source.spec}: cannot load the target on node {hello['address']}: {hello['error']}")
             self._admit(calls[ref], hello)
@@ -382,5 +382,5 @@ def _relay_class() -> Any:
     return ray.remote(NodeRelay)
 
 
-# runtime_env (fuzz.ray_cluster) and RaySpareTarget (fuzz.ray_spare) stay importable from here, as before the split.
+# runtime_env (fuzz.cluster.connect) and RaySpareTarget (fuzz.cluster.spare) stay importable from here, as before the split.
 __all__ = ["RayPool", "RaySpareTarget", "open_ray_pool", "runtime_env"]

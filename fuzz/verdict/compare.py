@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fuzz.case import Case
-from fuzz.findings import Finding
 from fuzz.targets.base import TARGET_CRASHED, TARGET_HUNG, TARGET_OUT_OF_MEMORY, Outcome, ViewRecord
+from fuzz.verdict.findings import Finding
 from oracles.expectation import Expectation, LayerExpectation, ViewExpectation
 from oracles.strided import Strided, Undecidable, inside, is_injective, same_bytes, touches
 

@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fuzz import corpus, protocol
+from fuzz.campaign import protocol
+from fuzz.campaign.pool import Loss, Pool
 from fuzz.case import Case, from_dict
-from fuzz.findings import Finding, normalize
-from fuzz.minimize import shrink_finding
-from fuzz.pool import Loss, Pool
+from fuzz.corpus import store as corpus
+from fuzz.corpus.minimize import shrink_finding
 from fuzz.space import Rejected, draw_indexed
 from fuzz.targets.base import TargetInfo
+from fuzz.verdict.findings import Finding, normalize
 
 MIN_BATCH, MAX_BATCH = 8, 256
 
@@ -262,7 +263,7 @@ class Campaign:
 
     def _shrink_process_failure(self, record: FoundRecord, case: Case) -> None:
         """Shrink a case that kills its worker, one candidate per (respawned) worker run."""
-        from fuzz.runner import judge
+        from fuzz.verdict.runner import judge
 
         target = self.pool.spare_target()
 

@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from fuzz.case import MLA_KINDS, Case, CaseError, GroupCase, SpecCase, validate
-from fuzz.findings import PROCESS_KINDS, Finding
 from fuzz.space import BLOCK_SIZES, LAYOUT_ORDER, choose_kernel_block_size, unrealistic
 from fuzz.targets.base import TargetInfo
+from fuzz.verdict.findings import PROCESS_KINDS, Finding
 from oracles import pages
 
 T = TypeVar("T")

@@ -1,23 +1,17 @@
-"""The physical probe: write through every view on the device, read the raw bytes back.
+"""The physical probe, target side: write through every view on the device, read the raw bytes back.
 
 For each layer and each of its tensors, the tensor's raw buffer is filled with a canary byte,
 every element is written through vLLM's view with a value derived from its row-major index
 (as an integer of the element's width, so any dtype carries it bit for bit), and the buffer is
-read back. The check then rebuilds the same bytes from the oracle's expected view alone:
-pattern bytes where the oracle puts each element, canary everywhere else (padding, other
-layers' pages, the tail). All of it is vectorized torch/numpy work, on CPU or CUDA alike.
+read back. `fuzz.verdict.probe` rebuilds the same bytes from the oracle's expected view alone.
+All of it is vectorized torch work, on CPU or CUDA alike.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
-
-from fuzz.targets.base import Outcome, decode_bytes
-from fuzz.targets.common import storage_key
-from oracles.expectation import Expectation, ViewExpectation
 
 CANARY = 0xA5
 _INT_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -69,33 +63,8 @@ def physical_probe(views: dict[str, Any], raw: list[torch.Tensor]) -> dict[str, 
     return readback
 
 
-def expected_bytes(view: ViewExpectation, buffer_size: int, salt: int) -> np.ndarray:
-    """The buffer as it must read after writing the oracle's view with the probe pattern."""
-    out = np.full(buffer_size, CANARY, dtype=np.uint8)
-    # Every element, gaps of packed kernel-page views included: the probe writes the whole view.
-    starts = view.element_offsets(owned_only=False)
-    values = pattern(int(starts.size), view.element_size, salt).numpy().view(np.uint8).reshape(-1, view.element_size)
-    for byte in range(view.element_size):
-        out[starts + byte] = values[:, byte]
-    return out
-
-
-def check(expected: Expectation, outcome: Outcome) -> str | None:
-    """None when every probed byte is where, and what, the oracle says; else what differs."""
-    if outcome.probe is None:
-        return None
-    for name, records in outcome.probe.items():
-        layer = expected.layers.get(name)
-        if layer is None:
-            continue
-        for salt, (record, view) in enumerate(zip(records, layer.views, strict=False)):
-            actual = decode_bytes(record["bytes"])
-            if actual is None:
-                return f"{name}: tensor {salt} is not on a raw buffer"
-            wanted = expected_bytes(view, actual.size, salt)
-            differ = np.flatnonzero(actual != wanted)
-            if differ.size:
-                first = int(differ[0])
-                return (f"{name}: {differ.size} bytes differ from the contract, first at byte {first} "
-                        f"(read {actual[first]:#04x}, expected {wanted[first]:#04x})")
-    return None
+def storage_key(tensor: torch.Tensor) -> int:
+    """Which raw allocation a tensor views. Meta tensors (production-size metadata runs) have no
+    addresses, so the storage object itself tells them apart."""
+    storage = tensor.untyped_storage()
+    return storage._cdata if tensor.is_meta else storage.data_ptr()  # type: ignore[attr-defined]

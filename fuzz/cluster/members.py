@@ -1,6 +1,6 @@
 """What the driver of a Ray campaign keeps about its actors, their batches and their nodes.
 
-Plain records that `fuzz.ray_pool.RayPool` updates as actor calls finish: the batch (`Job`) a
+Plain records that `fuzz.cluster.pool.RayPool` updates as actor calls finish: the batch (`Job`) a
 campaign worker queued, the fuzzing actor (`Member`) that holds it, and per node (`NodeStats`)
 the cases done and the restarts seen while the node took part.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fuzz.pool import Loss
+from fuzz.campaign.pool import Loss
 
 MAX_ATTEMPTS = 3  # actor deaths one batch (Job.attempts) may cause before it is taken for the culprit
 RECHECK_S = 1.0  # how often a lost actor is asked whether Ray has restarted it (Member.checked)

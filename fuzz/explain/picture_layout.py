@@ -1,7 +1,7 @@
 """What a picture of a case shows, before anything is drawn: the panels and the grid of cells.
 
 `panels` pairs the oracle's raw buffers with vLLM's, one row per pair, and gives each side a
-panel: a byte map (`fuzz.bytemap`) on a grid of cells, or text where there is no map (the oracle
+panel: a byte map (`fuzz.explain.bytemap`) on a grid of cells, or text where there is no map (the oracle
 rejects the case, or vLLM raised). A `Grid` cuts a buffer into pages (one per manager block),
 each page into display rows of at most COLUMNS cells, and leaves pages out past MAX_PAGE_ROWS.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fuzz.bytemap import ByteMap, Tensor, actual_tensors, byte_map, expected_tensors, padding_mask, pair_buffers, view_tensor
-from fuzz.runner import CaseResult
+from fuzz.explain.bytemap import ByteMap, Tensor, actual_tensors, byte_map, expected_tensors, padding_mask, pair_buffers, view_tensor
+from fuzz.explain.vllm_error import demand_lines, error_text, parse_storage_error
 from fuzz.targets.base import ViewRecord
-from fuzz.vllm_error import demand_lines, error_text, parse_storage_error
+from fuzz.verdict.runner import CaseResult
 from oracles.expectation import Expectation
 
 COLUMNS = 192  # cells in one display row

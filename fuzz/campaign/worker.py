@@ -1,6 +1,6 @@
 """The target side of a campaign: a zygote that imports vLLM once, and workers forked from it.
 
-`python -m fuzz.worker SOCKET` starts the zygote with the target's vLLM first on its
+`python -m fuzz.campaign.worker SOCKET` starts the zygote with the target's vLLM first on its
 path. It imports the adapter, reports the target's declarations (READY), then forks a worker
 for every SPAWN: a fork costs milliseconds, a fresh vLLM import seconds, so a worker the target
 killed comes back fast. Workers ignore SIGINT (Ctrl-C belongs to the coordinator, so a
@@ -21,13 +21,13 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from fuzz import protocol
+from fuzz.campaign import protocol
 from fuzz.case import from_dict, to_dict
-from fuzz.findings import Finding, normalize
-from fuzz.minimize import shrink_finding
-from fuzz.runner import run_case
+from fuzz.corpus.minimize import shrink_finding
 from fuzz.space import Rejected, draw_indexed
 from fuzz.targets.base import Target
+from fuzz.verdict.findings import Finding, normalize
+from fuzz.verdict.runner import run_case
 
 
 def connect(address: str) -> Connection:

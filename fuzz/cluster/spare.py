@@ -10,22 +10,28 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from fuzz.case import Case, to_dict
+from fuzz.cluster.members import MAX_ATTEMPTS, RECHECK_S, Member
 from fuzz.errors import TargetError
-from fuzz.ray_members import MAX_ATTEMPTS, RECHECK_S, Member
 from fuzz.targets.base import Execution, TargetInfo
 
-if TYPE_CHECKING:
-    from fuzz.ray_pool import RayPool
+
+class SpareOwner(Protocol):
+    """What the spare needs of its pool (`fuzz.cluster.pool.RayPool`): the spare actor, the restart
+    count it adds to, and how long a lost actor may take to come back."""
+
+    spare: Member | None
+    restarts: int
+    lost_timeout: float
 
 
 @dataclass(frozen=True)
 class RaySpareTarget:
     """A Target whose vLLM lives in the pool's spare actor; a case that kills its worker is an outcome."""
 
-    pool: RayPool = field(repr=False)
+    pool: SpareOwner = field(repr=False)
     info: TargetInfo
 
     def execute(self, case: Case, device: str, probe: bool = False) -> Execution:

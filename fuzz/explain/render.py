@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from fuzz.case import Case
-from fuzz.runner import CaseResult, run_case
 from fuzz.targets.base import Target
+from fuzz.verdict.runner import CaseResult, run_case
 
 
 def describe(result: CaseResult, target: Target) -> dict[str, Any]:
@@ -44,7 +44,7 @@ def explain(target: Target, case: Case, device: str, as_json: bool = False, prob
 
 def render(result: CaseResult, target: Target) -> str:
     """The text form: both sides per layer and tensor, then what differs byte by byte."""
-    from fuzz.picture import text_diff
+    from fuzz.explain.picture import text_diff
 
     data, case = describe(result, target), result.case
     lines = [f"case {case.describe()}  blocks={case.num_blocks}  on vLLM {data['target']['vllm_version']} ({data['target']['contract']})",

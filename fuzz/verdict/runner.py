@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import oracles
-from fuzz import probe
 from fuzz.case import Case
-from fuzz.compare import Verdict, compare, spec_kind_of
-from fuzz.findings import Finding
 from fuzz.targets.base import Execution, Outcome, Target
+from fuzz.verdict import probe
+from fuzz.verdict.compare import Verdict, compare, spec_kind_of
+from fuzz.verdict.findings import Finding
 from oracles.expectation import Expectation
 
 

@@ -1,7 +1,7 @@
 """The node side of a Ray campaign: the actor that fuzzes on a node, and the vLLM shipped to it.
 
 Each fuzzing actor (`NodeRelay`) runs in its own process on its node and owns a local
-`fuzz.pool.Pool` with one worker (a zygote plus one fork), so a target that segfaults, hangs or
+`fuzz.campaign.pool.Pool` with one worker (a zygote plus one fork), so a target that segfaults, hangs or
 eats memory is caught on the node exactly as on one machine and comes back as a `Loss` event. An
 actor call relays one stretch of a FUZZ batch: it returns the worker's messages once the batch
 ends, a worker is lost, or a FINDING arrives; after a finding the actor waits for `ack`, so every
@@ -10,7 +10,7 @@ finding is on the coordinator's disk before that worker runs its next case.
 A release or checkout is packed into a tar (`pack_target`) that a `TargetDepot` actor on the
 driver's node hands out through Ray's object store; each node unpacks it once (`unpack_target`).
 This module travels to the nodes with the rest of the `fuzz` package (the job's py_modules,
-`fuzz.ray_cluster.runtime_env`), so Ray finds these classes there by module path.
+`fuzz.cluster.connect.runtime_env`), so Ray finds these classes there by module path.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fuzz import protocol
-from fuzz.pool import Pool
-from fuzz.releases import TargetSource
+from fuzz import SOURCE_ROOT
+from fuzz.campaign import protocol
+from fuzz.campaign.pool import Pool
+from fuzz.targets.releases import TargetSource
 
 RELAY_POLL_S = 0.2  # seconds an actor waits on its local pool per poll
 
@@ -56,7 +57,7 @@ class NodeRelay:
 
         context = ray.get_runtime_context()
         answer = {"node": context.get_node_id(), "address": ray.util.get_node_ip_address(), "pid": os.getpid(),
-                  "kvfuzz": str(Path(__file__).resolve().parent), "target_path": self.target_path}
+                  "kvfuzz": str(SOURCE_ROOT / "fuzz"), "target_path": self.target_path}
         if self.pool is None or self.pool.info is None:
             return {**answer, "error": self.error or "the target did not load"}
         return {**answer, "info": self.pool.info.to_dict(), "restarts": self.pool.restarts}

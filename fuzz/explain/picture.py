@@ -1,9 +1,9 @@
 """Pictures of a case: the raw KV-cache buffers as byte maps, the oracle's beside vLLM's.
 
-`draw` paints the owner of every byte (`fuzz.bytemap`) into a PNG, one row per page (wrapped into
+`draw` paints the owner of every byte (`fuzz.explain.bytemap`) into a PNG, one row per page (wrapped into
 several display rows when a page is long), with padding hatched and clashes (two elements on one
-byte, or elements of different blocks) in red; `fuzz.picture_layout` decides the panels and the
-grid of cells, this module renders them. `text_diff` (`fuzz.picture_text`) says the same as a
+byte, or elements of different blocks) in red; `fuzz.explain.picture_layout` decides the panels and the
+grid of cells, this module renders them. `text_diff` (`fuzz.explain.picture_text`) says the same as a
 short table. Bytes are aggregated into cells with numpy; nothing loops over bytes.
 """
 
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fuzz.bytemap import KV_NAMES, ByteMap, actual_tensors, byte_map, pack_owner, unpack_owner
-from fuzz.picture_layout import Grid, MapPanel, Panel, TextPanel, panels
-from fuzz.picture_text import text_diff, title_lines
-from fuzz.runner import CaseResult
-from fuzz.vllm_error import parse_storage_error
+from fuzz.explain.bytemap import KV_NAMES, ByteMap, actual_tensors, byte_map, pack_owner, unpack_owner
+from fuzz.explain.picture_layout import Grid, MapPanel, Panel, TextPanel, panels
+from fuzz.explain.picture_text import text_diff, title_lines
+from fuzz.explain.vllm_error import parse_storage_error
+from fuzz.verdict.runner import CaseResult
 
 _HUES = (0.60, 0.09, 0.33, 0.76, 0.50, 0.16, 0.88, 0.42, 0.68, 0.25)
 CLASH = (0.86, 0.05, 0.05)

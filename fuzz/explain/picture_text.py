@@ -2,7 +2,7 @@
 
 For each layer and tensor it gives shape, dtype, byte strides and first byte on both sides, then
 which buffer bytes hold a different element byte (with the first such byte's owner on each side,
-from `fuzz.bytemap`). `title_lines` heads both this table and the PNG of `fuzz.picture`.
+from `fuzz.explain.bytemap`). `title_lines` heads both this table and the PNG of `fuzz.explain.picture`.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import textwrap
 
 import numpy as np
 
-from fuzz.bytemap import Tensor, actual_tensors, expected_tensors
-from fuzz.runner import CaseResult
+from fuzz.explain.bytemap import Tensor, actual_tensors, expected_tensors
+from fuzz.explain.vllm_error import demand_lines, error_text, parse_storage_error
 from fuzz.targets.base import ViewRecord
-from fuzz.vllm_error import demand_lines, error_text, parse_storage_error
+from fuzz.verdict.runner import CaseResult
 
 
 def title_lines(result: CaseResult, vllm: str | None) -> list[str]:

@@ -5,7 +5,7 @@ and judged, and every case is written through vLLM's views on the device and rea
 exit status is 0 when the campaign found nothing new, 1 otherwise. Findings already in the
 project's corpus (corpus/findings) count as known, so known vLLM bugs do not fail it.
 
-    python -m fuzz.selftest --device cuda --max-time 60
+    python -m fuzz.campaign.selftest --device cuda --max-time 60
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from fuzz import releases
-from fuzz.campaign import Campaign, CampaignOptions, Report
+from fuzz import SOURCE_ROOT
+from fuzz.campaign.engine import Campaign, CampaignOptions, Report
+from fuzz.campaign.pool import Pool
 from fuzz.errors import KvfuzzError
-from fuzz.pool import Pool
+from fuzz.targets import releases
 
-KNOWN_FINDINGS = Path(__file__).resolve().parent.parent / "corpus" / "findings"
+KNOWN_FINDINGS = SOURCE_ROOT / "corpus" / "findings"
 
 
 def device_name(device: str) -> str:
@@ -104,7 +105,7 @@ def format_table(rows: list[tuple[str, str]]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m fuzz.selftest", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fuzz.campaign.selftest", description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when available)")
     parser.add_argument("--max-time", type=float, default=60.0, help="seconds to fuzz (default 60)")
     parser.add_argument("--vllm", default="installed", help="'installed' (default), a release like 0.32.0, or a checkout folder")

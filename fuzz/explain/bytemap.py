@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fuzz.case import Case, SpecCase
-from fuzz.compare import element_offsets
 from fuzz.targets.base import Outcome, ViewRecord
+from fuzz.verdict.compare import element_offsets
 from oracles.expectation import Expectation, ViewExpectation
 
 ELEMENT_LIMIT = 1 << 24  # tensors beyond this many elements are left out of the maps

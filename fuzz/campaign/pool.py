@@ -21,11 +21,12 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from fuzz import protocol
+from fuzz import SOURCE_ROOT
+from fuzz.campaign import protocol
 from fuzz.case import Case, to_dict
 from fuzz.errors import TargetError
-from fuzz.releases import TargetSource, worker_environment
 from fuzz.targets.base import TARGET_CRASHED, TARGET_HUNG, TARGET_OUT_OF_MEMORY, Execution, Outcome, TargetInfo
+from fuzz.targets.releases import TargetSource, worker_environment
 
 START_TIMEOUT = 300.0
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -84,8 +85,8 @@ class Pool:
 
     def _start_zygote(self) -> None:
         env = worker_environment(self.source)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH", ""), str(Path(__file__).resolve().parent.parent)]))
-        self.zygote = subprocess.Popen([sys.executable, "-m", "fuzz.worker", str(self.folder / "socket")],
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH", ""), str(SOURCE_ROOT)]))
+        self.zygote = subprocess.Popen([sys.executable, "-m", "fuzz.campaign.worker", str(self.folder / "socket")],
                                        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                        stderr=open(self.folder / "zygote.log", "wb"), start_new_session=True)
         self.control = self._accept(START_TIMEOUT, "the target process did not start")

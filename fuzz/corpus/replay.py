@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from fuzz.corpus import Entry
-from fuzz.findings import Finding
-from fuzz.runner import run_case
+from fuzz.corpus.store import Entry
 from fuzz.targets.base import Target
+from fuzz.verdict.findings import Finding
+from fuzz.verdict.runner import run_case
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from fuzz import releases
+from fuzz.campaign.pool import Pool, RemoteTarget
 from fuzz.case import Case
 from fuzz.errors import KvfuzzError
-from fuzz.pool import Pool, RemoteTarget
-from fuzz.runner import run_case
+from fuzz.targets import releases
+from fuzz.verdict.runner import run_case
 
 
 @dataclass(frozen=True)

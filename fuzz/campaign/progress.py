@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, TextIO
 
-from fuzz.campaign import Report
+from fuzz.campaign.engine import Report
 
 PLAIN_INTERVAL = 10.0  # seconds between lines when not on a terminal
 

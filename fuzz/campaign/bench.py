@@ -1,6 +1,6 @@
 """`kvfuzz bench`: how fast the pipeline runs against the bare vLLM calls, measured in one run.
 
-One process with the target's vLLM (`python -m fuzz.bench`, started by the command with the
+One process with the target's vLLM (`python -m fuzz.campaign.bench`, started by the command with the
 target first on the path) measures on the same case mix:
 - bare-reshape: vLLM's allocation and view calls (the function under test) on prebuilt inputs;
 - bare-walk: the whole V2-runner walk kvfuzz calls (planner, kernel block sizes, allocation,
@@ -25,9 +25,9 @@ from typing import Any
 import torch
 
 from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend
-from fuzz.runner import run_case
 from fuzz.space import Rejected, draw_indexed
 from fuzz.targets.base import Target
+from fuzz.verdict.runner import run_case
 
 SECONDS = 3.0
 PEER_EXAMPLES = 1500
@@ -77,7 +77,7 @@ def measure(target: Any, seed: int, count: int) -> dict[str, Any]:
 def stages(target: Any, seed: int, count: int) -> dict[str, float]:
     """Where a pipeline case's time goes: drawing, the target (declare + vLLM walk + records), oracle, comparison."""
     import oracles
-    from fuzz.compare import compare
+    from fuzz.verdict.compare import compare
 
     spent = dict.fromkeys(("draw", "target", "oracle", "compare"), 0.0)
     for index in range(count):
@@ -157,7 +157,7 @@ def _timed(run: Callable[[], None], count: list[int]) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fuzz.bench")
+    parser = argparse.ArgumentParser(prog="python -m fuzz.campaign.bench")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cases", type=int, default=200)
     args = parser.parse_args(argv)

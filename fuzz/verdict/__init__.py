@@ -1,0 +1,1 @@
+"""One case through target and oracle (runner), judged (compare, probe) into a Finding (findings)."""
