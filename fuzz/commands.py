@@ -272,7 +272,7 @@ def ci(args: argparse.Namespace, out: TextIO) -> int:
     from fuzz.ci.junit import write_junit
     from fuzz.ci.run import CiOptions, run_ci
     from fuzz.ci.sarif import write_sarif
-    from fuzz.ci.summary import markdown
+    from fuzz.ci.summary import markdown, terminal
 
     options = CiOptions(vllm=args.vllm, baseline=args.baseline, budget=args.budget, corpus=args.corpus, device=args.device, seed=args.seed,
                         workers=_worker_count(args), synthetic=not args.no_synthetic, case_timeout=args.case_timeout,
@@ -284,10 +284,5 @@ def ci(args: argparse.Namespace, out: TextIO) -> int:
         write_sarif(args.sarif, result, __version__)
     if args.junit:
         write_junit(args.junit, result)
-    for item in result.checked:
-        where = f"\n      at {item.locations[0].path}:{item.locations[0].start_line}" if item.locations else ""
-        print(f"  {item.status.upper()} ({item.origin}) {item.finding.signature}\n      {result.reproducer(item)}{where}", file=out)
-    failing = sum(item.fails_job for item in result.checked)
-    print(f"kvfuzz ci: {failing} reproducible failure(s) introduced by the change" if failing else "kvfuzz ci: no new reproducible failure",
-          file=out)
+    print(terminal(result), file=out)
     return result.exit_status

@@ -8,6 +8,7 @@ import json
 from fuzz.case import dumps
 from fuzz.ci.model import FLAKY, INTRODUCED, NEW, PRE_EXISTING, Checked, CiResult
 
+MAX_DETAILS = 20  # failures shown in full (explain text, case); the table lists every one
 HEADINGS = {
     INTRODUCED: "Introduced by this change",
     NEW: "New (no baseline to compare with)",
@@ -37,13 +38,34 @@ def markdown(result: CiResult) -> str:
     lines += [f"| {item.status} | {item.origin} | {item.finding.kind} | `{_cell(item.finding.signature)}` |" for item in result.checked]
     if not result.checked:
         lines.append("| - | - | - | nothing failed |")
+    shown = 0
     for status, heading in HEADINGS.items():
         items = result.by_status(status)
         if items:
             lines += ["", f"### {heading}"]
-            for item in items:
-                lines += _details(item, result)
+        for item in items:
+            if shown == MAX_DETAILS:
+                lines += ["", f"({len(items)} in all; the first {MAX_DETAILS} failures of the run are shown in full, the rest are in the table, "
+                              "the SARIF and the JUnit file)"]
+                break
+            lines += _details(item, result)
+            shown += 1
     return "\n".join(lines) + "\n"
+
+
+def terminal(result: CiResult, limit: int = 10) -> str:
+    """The end of the run on the terminal: counts, then the failures that fail the job."""
+    counts = ", ".join(f"{len(result.by_status(status))} {status}" for status in HEADINGS if result.by_status(status))
+    failing = [item for item in result.checked if item.fails_job]
+    lines = [f"kvfuzz ci: checked {len(result.checked)} failure(s): {counts}" if result.checked else "kvfuzz ci: nothing failed"]
+    for item in failing[:limit]:
+        where = f"\n      at {item.locations[0].path}:{item.locations[0].start_line}" if item.locations else ""
+        lines.append(f"  {item.status.upper()} ({item.origin}) {item.finding.signature}\n      {result.reproducer(item)}{where}")
+    if len(failing) > limit:
+        lines.append(f"  ... {len(failing) - limit} more in the summary, the SARIF and the JUnit file")
+    lines.append(f"kvfuzz ci: {len(failing)} reproducible failure(s) introduced by the change" if failing
+                 else "kvfuzz ci: no new reproducible failure")
+    return "\n".join(lines)
 
 
 def _details(item: Checked, result: CiResult) -> list[str]:
