@@ -185,7 +185,7 @@ def test_malformed_ci_corpus_file_is_a_one_line_error(tmp_path):
 
 def run_ci(tmp_path: Path, *args: str) -> tuple[int, Path]:
     out = tmp_path / "out"
-    out.mkdir(exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     with (out / "stdout.txt").open("w") as stdout, (out / "stderr.txt").open("w") as stderr:
         status = main(["ci", *args, "--device", "cpu", "--workers", "2", "--corpus", str(out / "corpus"), "--sarif", str(out / "kvfuzz.sarif"),
                        "--junit", str(out / "junit.xml"), "--summary", str(out / "summary.md"), "--quiet"], stdout=stdout, stderr=stderr)
