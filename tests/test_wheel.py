@@ -29,7 +29,8 @@ def test_pyproject_names_every_package():
     """pyproject lists packages by name (to map corpus/ onto fuzz/_corpus); a new subpackage must join the list."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     on_disk = {".".join(path.parent.relative_to(REPO).parts) for root in ("fuzz", "oracles") for path in (REPO / root).rglob("__init__.py")}
-    assert set(config["packages"]) == on_disk | {"fuzz._corpus"}
+    corpus = {"fuzz._corpus"} | {f"fuzz._corpus.{folder.name}" for folder in (REPO / "corpus").iterdir() if folder.is_dir()}
+    assert set(config["packages"]) == on_disk | corpus
     assert config["package-dir"] == {"fuzz._corpus": "corpus"}
 
 
@@ -85,6 +86,8 @@ def test_installed_wheel_runs_campaigns_and_replays_its_corpus(wheel, tmp_path):
     (site / "kvfuzz_test_dependencies.pth").write_text("\n".join(sorted(base)) + "\n")
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    # The venv's own old setuptools (Python < 3.12 adds one) would hide the newer one torch requires.
+    subprocess.run([python, "-m", "pip", "uninstall", "-q", "-y", "setuptools"], env=env, cwd=tmp_path, check=False)
     installed = subprocess.run([python, "-m", "pip", "install", "--no-index", "--disable-pip-version-check", str(wheel)],
                                capture_output=True, text=True, env=env, cwd=tmp_path, check=False)
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
