@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from fuzz.campaign.engine import Campaign, CampaignOptions, Report
 from fuzz.campaign.pool import Pool, RemoteTarget
+from fuzz.case import Case
 from fuzz.ci import DEFAULT_BUDGET, DEFAULT_CORPUS
 from fuzz.ci.gate import replay_gate
 from fuzz.ci.locate import functions_under_test, locate, package_folder
@@ -50,6 +51,7 @@ def run_ci(options: CiOptions, out: TextIO) -> CiResult:
               f"{len(pool.workers)} worker(s) on {options.device}", file=out, flush=True)
         result.gate, failing = replay_gate(RemoteTarget(pool), shipped + kept, options.device, with_baseline=baseline is not None)
         print(f"kvfuzz ci: corpus gate: {len(shipped) + len(kept)} cases: {_counts(result.gate)}", file=out, flush=True)
+        # A signature the corpus holds is not news for the campaign: the gate has just replayed its case.
         report = _campaign(pool, options, frozenset(e.expected_signature for e in shipped if e.expected_signature), out)
     result.campaign = report.to_dict()
     new = [Checked(CAMPAIGN, record.path, _case(record.path), record.finding) for record in report.findings]
@@ -103,7 +105,7 @@ def _keep(result: CiResult, corpus: Path) -> None:
         if item.origin != CAMPAIGN:
             continue
         data = json.loads(item.path.read_text())
-        data["ci"] = {"status": item.status, "reruns": item.reruns, "baseline": result.baseline and result.baseline["spec"],
+        data["ci"] = {"status": item.status, "reruns": item.reruns, "baseline": (result.baseline or {}).get("spec"),
                       "on_baseline": item.baseline}
         path = corpus / "flaky" / item.path.name if item.status == FLAKY else item.path
         store.write_atomic(path, data)
@@ -116,7 +118,7 @@ def _pool(options: CiOptions, source: TargetSource, workers: int = 1) -> Pool:
     return Pool(source, workers=workers, case_timeout=options.case_timeout, max_memory=options.max_memory)
 
 
-def _case(path: Path) -> Any:
+def _case(path: Path) -> Case:
     return next(store.entries(path)).case
 
 

@@ -53,7 +53,6 @@ def sarif_log(result: CiResult, version: str) -> dict[str, Any]:
                 "rules": [{"id": kind, "name": kind.title().replace("-", ""), "shortDescription": {"text": RULES[kind]},
                            "defaultConfiguration": {"level": "error"}} for kind in kinds],
             }},
-            "automationDetails": {"id": f"kvfuzz/{result.target['spec']}/"},
             "results": [_result(item, result, kinds.index(item.finding.kind)) for item in _one_per_signature(result.checked)],
         }],
     }
