@@ -12,18 +12,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from fuzz.case import CaseError
+from fuzz.case import CaseError, SpecCase
 from fuzz.ci.gate import replay_gate
 from fuzz.ci.junit import write_junit
 from fuzz.ci.locate import functions_under_test, locate, package_folder
 from fuzz.ci.model import CAMPAIGN, CORPUS, FLAKY, INTRODUCED, NEW, PRE_EXISTING, Checked, CiResult, Location
+from fuzz.ci.reproduce import rerun, settle
 from fuzz.ci.summary import MAX_DETAILS, markdown, terminal
 from fuzz.cli import main
 from fuzz.corpus.builtin import builtin_corpus
 from fuzz.corpus.store import entries
+from fuzz.targets.base import Execution, Outcome
 from fuzz.targets.common import capture
 from fuzz.targets.releases import TargetSource, resolve, worker_environment
 from fuzz.verdict.findings import Finding
+from tests.conftest import one_group, synthetic_info
 from tests.test_sarif import sarif_errors
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,6 +103,46 @@ def test_junit_fails_only_what_fails_the_job(tmp_path):
     assert len(failures) == 1 and "introduced: RuntimeError: boom 3" == failures[0].get("message")
     assert "kvfuzz replay corpus/findings/1.json --vllm ./vllm-branch" in failures[0].text
     assert sorted(s.get("message").split(":")[0] for s in suite.findall("testcase/skipped")) == ["flaky", "pre-existing"]
+
+
+class ScriptedPool:
+    """A pool whose target raises the scripted error of its round: what each fresh process would give."""
+
+    opened: list["ScriptedPool"] = []
+
+    def __init__(self, errors: list[str]) -> None:
+        self.info, self.errors, self.ran = synthetic_info(), errors, 0
+        self.source = TargetSource("scripted", "installed", None, None)
+        ScriptedPool.opened.append(self)
+
+    def __enter__(self) -> "ScriptedPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def execute(self, case, device, probe=False, worker=0) -> Execution:
+        self.ran += 1
+        message = self.errors[len(ScriptedPool.opened) - 1]
+        return Execution(case, outcome=Outcome(error_type="RuntimeError", error_message=message, error_function="create_kv_cache_views"))
+
+
+def test_a_failure_counts_only_when_both_fresh_processes_repeat_it():
+    case = one_group(SpecCase(kind="full", block_size=16, num_kv_heads=2, head_size=64, dtype="float16"))
+    finding = Finding("crash-on-valid", "full", "create_kv_cache_views", "RuntimeError: bad view 7", "l0")
+    firsts = []
+    for errors, status in ((["bad view 3", "bad view 9"], NEW), (["bad view 3", "another error"], FLAKY)):
+        ScriptedPool.opened = []
+        item = Checked(CAMPAIGN, Path("x.json"), case, finding)
+        rerun(TargetSource("x", "installed", None, None), [item], "cpu", lambda source, e=errors: ScriptedPool(e),
+              lambda item, result, target: firsts.append(result.verdict.finding.signature))
+        assert [pool.ran for pool in ScriptedPool.opened] == [1, 1]  # one fresh pool per rerun
+        assert settle(item, with_baseline=False) == status
+    assert firsts == [finding.signature] * 2  # `first` sees the first rerun only
+    item.reruns, item.baseline_failed = [finding.signature] * 2, True
+    assert settle(item, with_baseline=True) == PRE_EXISTING
+    item.baseline_failed = False
+    assert settle(item, with_baseline=True) == INTRODUCED
 
 
 # ------------------------------------------------------------------ where a failure sits in vLLM

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fuzz.campaign.pool import Pool, RemoteTarget
-from fuzz.ci.model import Checked
+from fuzz.ci.model import FLAKY, INTRODUCED, NEW, PRE_EXISTING, Checked
 from fuzz.targets.releases import TargetSource
 from fuzz.verdict.runner import CaseResult, run_case
 
@@ -50,3 +50,12 @@ def describe(pool: Pool) -> dict[str, Any]:
     assert pool.info is not None
     return {"spec": pool.source.spec, "label": pool.source.label, "vllm_version": pool.info.vllm_version,
             "generation": pool.info.generation, "contract": pool.info.contract.name}
+
+
+def settle(item: Checked, with_baseline: bool) -> str:
+    """The status of a checked failure: flaky unless every rerun repeated it; then new, pre-existing or introduced."""
+    if not item.reproduced:
+        return FLAKY
+    if not with_baseline:
+        return NEW
+    return PRE_EXISTING if item.baseline_failed else INTRODUCED

@@ -13,8 +13,8 @@ from fuzz.case import Case
 from fuzz.ci import DEFAULT_BUDGET, DEFAULT_CORPUS
 from fuzz.ci.gate import replay_gate
 from fuzz.ci.locate import functions_under_test, locate, package_folder
-from fuzz.ci.model import CAMPAIGN, FLAKY, INTRODUCED, NEW, PRE_EXISTING, Checked, CiResult
-from fuzz.ci.reproduce import describe, on_baseline, rerun
+from fuzz.ci.model import CAMPAIGN, FLAKY, Checked, CiResult
+from fuzz.ci.reproduce import describe, on_baseline, rerun, settle
 from fuzz.corpus import store
 from fuzz.corpus.builtin import builtin_corpus
 from fuzz.explain.render import render
@@ -91,12 +91,7 @@ def _check(result: CiResult, options: CiOptions, source: TargetSource, baseline:
         print(f"kvfuzz ci: running {len(reproduced)} reproducible failure(s) on the baseline {baseline.spec}", file=out, flush=True)
         result.baseline = on_baseline(baseline, reproduced, options.device, lambda s: _pool(options, s))
     for item in result.checked:
-        if not item.reproduced:
-            item.status = FLAKY
-        elif baseline is None:
-            item.status = NEW
-        else:
-            item.status = PRE_EXISTING if item.baseline_failed else INTRODUCED
+        item.status = settle(item, with_baseline=baseline is not None)
 
 
 def _keep(result: CiResult, corpus: Path) -> None:
