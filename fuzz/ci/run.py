@@ -17,6 +17,7 @@ from fuzz.ci.model import CAMPAIGN, FLAKY, Checked, CiResult
 from fuzz.ci.reproduce import describe, on_baseline, rerun, settle
 from fuzz.corpus import store
 from fuzz.corpus.builtin import builtin_corpus
+from fuzz.errors import TargetError
 from fuzz.explain.render import render
 from fuzz.targets import releases
 from fuzz.targets.releases import TargetSource
@@ -40,7 +41,7 @@ class CiOptions:
 
 def run_ci(options: CiOptions, out: TextIO) -> CiResult:
     source = releases.resolve(options.vllm)
-    baseline = releases.resolve(options.baseline) if options.baseline else None  # a bad spec stops the run before it starts
+    baseline = _resolve_baseline(options.baseline) if options.baseline else None  # a bad spec stops the run before it starts
     shipped = list(store.entries(builtin_corpus()))
     findings = options.corpus / "findings"
     kept = list(store.entries(findings)) if findings.exists() else []
@@ -107,6 +108,13 @@ def _keep(result: CiResult, corpus: Path) -> None:
         if path != item.path:
             item.path.unlink(missing_ok=True)
             item.path = path
+
+
+def _resolve_baseline(spec: str) -> TargetSource:
+    try:
+        return releases.resolve(spec)
+    except TargetError as error:  # the message names the option as --vllm
+        raise TargetError(str(error).replace("--vllm ", "--baseline ", 1)) from None
 
 
 def _pool(options: CiOptions, source: TargetSource, workers: int = 1) -> Pool:
