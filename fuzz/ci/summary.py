@@ -35,7 +35,8 @@ def markdown(result: CiResult) -> str:
         for message, count in campaign.get("internal_errors", {}).items():
             lines.append(f"- kvfuzz internal error ({count}x, please report): `{message}`")
     lines += ["", "| status | origin | kind | signature |", "|---|---|---|---|"]
-    lines += [f"| {item.status} | {item.origin} | {item.finding.kind} | `{_cell(item.finding.signature)}` |" for item in result.checked]
+    ordered = [item for status in HEADINGS for item in result.by_status(status)]
+    lines += [f"| {item.status} | {item.origin} | {item.finding.kind} | `{_cell(item.finding.signature)}` |" for item in ordered]
     if not result.checked:
         lines.append("| - | - | - | nothing failed |")
     shown = 0
@@ -72,7 +73,7 @@ def _details(item: Checked, result: CiResult) -> list[str]:
     where = ", ".join(f"`{loc.path}:{loc.start_line}`" + (f" ({loc.function})" if loc.function else "") for loc in item.locations)
     lines = ["", f"#### `{item.finding.signature}`", "",
              f"- found by: {'the corpus gate' if item.origin == 'corpus' else 'the campaign'} (`{item.path}`)",
-             f"- reruns in fresh processes: {', '.join(f'`{_code(run)}`' for run in item.reruns) or '-'}"]
+             f"- reruns in fresh processes: {_reruns(item)}"]
     if item.baseline is not None:
         lines.append(f"- on the baseline: `{_code(item.baseline)}`")
     if where:
@@ -82,6 +83,12 @@ def _details(item: Checked, result: CiResult) -> list[str]:
               "<details><summary>minimized case</summary>", "", "```json", json.dumps(json.loads(dumps(item.case)), indent=1), "```",
               "</details>"]
     return lines
+
+
+def _reruns(item: Checked) -> str:
+    if item.reproduced:
+        return f"the same signature in {len(item.reruns)} of {len(item.reruns)}"
+    return ", ".join(f"`{_code(run)}`" for run in item.reruns) or "-"
 
 
 def _code(text: str) -> str:
