@@ -147,6 +147,24 @@ def test_a_failure_counts_only_when_both_fresh_processes_repeat_it():
     assert settle(item, with_baseline=True) == INTRODUCED
 
 
+def test_ci_corpus_records_each_verdict_and_sets_flaky_findings_apart(tmp_path):
+    from fuzz.ci.run import record_verdicts
+    from fuzz.corpus.store import save_finding
+
+    corpus = tmp_path / "corpus"
+    items = []
+    for number, status in enumerate((INTRODUCED, FLAKY)):
+        item = checked(status, number=number, message=f"RuntimeError: kind {'ab'[number]}")
+        item.path = save_finding(corpus / "findings", item.case, {**item.finding.to_dict(), "vllm_version": "dev"})
+        items.append(item)
+    introduced, flaky = items
+    record_verdicts(result_of(*items, checked(PRE_EXISTING, CORPUS, number=5)), corpus)  # a corpus case's file is left alone
+    kept = {entry.path.parent.name: entry.meta["ci"] for entry in entries(corpus)}
+    assert kept["findings"] == {"status": INTRODUCED, "reruns": introduced.reruns, "baseline": "0.32.0", "on_baseline": "pass"}
+    assert kept["flaky"]["status"] == FLAKY and kept["flaky"]["reruns"][1] == "pass"
+    assert flaky.path.parent == corpus / "flaky" and not (corpus / "findings" / flaky.path.name).exists()
+
+
 # ------------------------------------------------------------------ where a failure sits in vLLM
 
 

@@ -59,7 +59,7 @@ def run_ci(options: CiOptions, out: TextIO) -> CiResult:
     result.checked = failing + new
     if result.checked:
         _check(result, options, source, baseline, out)
-        _keep(result, options.corpus)
+        record_verdicts(result, options.corpus)
     return result
 
 
@@ -95,7 +95,7 @@ def _check(result: CiResult, options: CiOptions, source: TargetSource, baseline:
         item.status = settle(item, with_baseline=baseline is not None)
 
 
-def _keep(result: CiResult, corpus: Path) -> None:
+def record_verdicts(result: CiResult, corpus: Path) -> None:
     """The CI corpus records how each new finding was judged; flaky ones go to flaky/, which the gate does not replay."""
     for item in result.checked:
         if item.origin != CAMPAIGN:
