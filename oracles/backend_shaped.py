@@ -21,6 +21,7 @@ import itertools
 import math
 
 from fuzz.case import DTYPE_SIZES, Case, GroupCase, evaluate_shape, parse_shape_entry
+from oracles import contract as rules
 from oracles import pages
 from oracles.contract import Contract
 from oracles.expectation import Expectation, LayerExpectation, PageRule, ViewExpectation, dense_strides, rejected, with_sharers
@@ -60,10 +61,7 @@ def buffer_bytes(case: Case) -> int:
 
 
 def _pools(case: Case) -> list[list[str]]:
-    if len(case.groups) == 1:
-        return [[name] for name in case.groups[0].layers]
-    depth = max(len(g.layers) for g in case.groups)
-    return [[g.layers[i] for g in case.groups if i < len(g.layers)] for i in range(depth)]
+    return rules.shaped_pools([g.layers for g in case.groups])
 
 
 def _layer(name: str, index: int, group: GroupCase, num_blocks: int, pool: int, with_mamba: bool,
@@ -90,7 +88,7 @@ def _attention_layer(name: str, index: int, group: GroupCase, num_blocks: int, p
     kernel = group.kernel_block_size or spec.block_size
     if spec.block_size % kernel:
         return "the kernel block size does not divide the block size"
-    ratio = spec.block_size // kernel if contract.kernel_split and spec.compress_ratio == 1 else 1
+    ratio = rules.shaped_kernel_ratio(contract, spec.block_size, kernel, spec.compress_ratio)
     if contract.shape_block == "tokens":
         slots = spec.block_size
     else:
@@ -101,15 +99,15 @@ def _attention_layer(name: str, index: int, group: GroupCase, num_blocks: int, p
     block_axis = next(i for i, e in enumerate(pattern) if parse_shape_entry(e)[1] == "B")
     esz = DTYPE_SIZES[spec.dtype]
     kernel_elements = math.prod(shape) // max(shape[block_axis], 1)
-    if kernel_elements * ratio * esz != page.unpadded_bytes:
+    if not rules.declared_shape_covers_page(kernel_elements * ratio, esz, page.unpadded_bytes):
         return "the backend's cache shape does not cover the spec's page"
 
     physical = order
-    if with_mamba:
+    if rules.mamba_pool_hoists_blocks(with_mamba):
         physical = (block_axis,) + tuple(a for a in order if a != block_axis)
     strides = dense_strides(shape, physical, esz)
     if page.padded:
-        if physical[0] != block_axis:
+        if not rules.shaped_padding_fits(physical[0] == block_axis):
             return "padded pages need the block axis outermost"
         strides[block_axis] = page.page_bytes
     view = ViewExpectation(shape=shape, byte_strides=tuple(strides), byte_offset=0, buffer=pool, dtype=spec.dtype,
