@@ -106,8 +106,8 @@ def state_content_bytes(published: int | None, head_size: int, head_size_v: int,
     return published if published is not None else (head_size + head_size_v) * element_size
 
 
-@rule("vllm/v1/kv_cache_interface.py MLAAttentionSpec: MLA pages hold one latent vector per token (the page formula counts "
-      "head_size only; 0.28+ head_size_v defaults to 0 on MLA specs)")
+@rule("vllm/v1/kv_cache_interface.py MLAAttentionSpec (0.28+): 'MLA stores a single latent vector per state; there is no "
+      "separate V.' (head_size_v = 0; before 0.28 the MLA page formula counts head_size only)")
 def mla_value_head(is_mla: bool, head_size: int) -> int:
     """The value head size a spec without an explicit one stores: none for MLA (one latent), head_size otherwise."""
     return 0 if is_mla else head_size
@@ -239,10 +239,10 @@ def splits_in_place(dense_page: bool) -> bool:
 @rule("vllm/v1/kv_cache_interface.py create_kv_cache_views: kernel blocks are 'equal pieces' of the page, viewed through "
       "compute_layout_strides(..., kernel_block_size) over the kernel shape [B * ratio, H, N / ratio, C]; vllm test "
       "test_copy_kv_cache_blocks_with_virtual_block_splitting: manager block 2's kernel blocks start at `2 * physical_per_logical`")
-def kernel_block_number(block: int, piece: int, ratio: int) -> int:
+def in_place_kernel_stride(ratio: int) -> int:
     """Kernel block j of manager block b is view block b * ratio + j: the j-th equal piece of b's page, laid out inside as a
-    block of its own (the layout's order of H, N, C with N / ratio states)."""
-    return block * ratio + piece
+    block of its own (the layout's order of H, N, C with N / ratio states). Returns the view blocks per manager block."""
+    return ratio
 
 
 @rule("vllm/v1/worker/utils.py prepare_kernel_block_sizes (0.32): 'Block-outermost packing puts other layers' pages between the "
@@ -258,9 +258,9 @@ def packed_kernel_pages(contract: Contract, packed: bool, tokens_per_state: int,
 # --- backend-shaped contracts
 
 
-@rule("vllm/v1/worker/gpu/attn_utils.py _allocate_kv_cache / KVCacheTensor.shared_by (<= 0.28): one raw tensor per "
-      "KVCacheTensor, aliased by every layer it is shared by; docs/design/hybrid_kv_cache_manager.md: layers of different groups "
-      "share one memory pool of pages")
+@rule("vllm/v1/core/kv_cache_utils.py get_kv_cache_config_from_groups (<= 0.28): 'We will have group_size memory pools, each "
+      "is shared by one layer from each group. As layers of different groups have different block table, they will use different "
+      "parts of the shared Tensor.'; KVCacheTensor.shared_by: 'layer names that share the same KV cache tensor'")
 def shaped_pools(group_layers: list[tuple[str, ...]]) -> list[list[str]]:
     """With one group every layer has a buffer of its own; with several, the i-th layer of every group shares buffer i."""
     if len(group_layers) == 1:

@@ -172,7 +172,8 @@ def _layer_view(name: str, group_index: int, position: int, group: GroupCase, nu
         view_blocks, kernel_stride, view_strides = num_blocks, 1, strides
     elif rules.splits_in_place(placement.dense):
         # Each kernel block nested like a block of its own, its blocks one piece of a page apart.
-        view_blocks, kernel_stride = num_blocks * ratio, ratio
+        kernel_stride = rules.in_place_kernel_stride(ratio)
+        view_blocks = num_blocks * kernel_stride
         view_strides = nest(placement.order, {**placement.extents, "B": view_blocks, "N": kernel_states},
                             {"B": strides["B"] // ratio})
     elif rules.packed_kernel_pages(contract, placement.packed, spec.compress_ratio, page.heads):
