@@ -185,6 +185,8 @@ def _layer_view(name: str, group_index: int, position: int, group: GroupCase, nu
         view_strides = {**strides, "B": kernel_page}
     else:
         return "a manager block that is not one dense page cannot be split into kernel blocks"
+    if any(step % page.element_size for step in (view_strides["B"], view_strides["H"], view_strides["N"], position * strides["L"])):
+        return "a block pitch or layer offset is not a whole number of elements"
     view = ViewExpectation(
         shape=(view_blocks, page.heads, kernel_states, page.content_bytes // page.element_size),
         byte_strides=(view_strides["B"], view_strides["H"], view_strides["N"], page.element_size),

@@ -13,6 +13,9 @@ KINDS = (
     "oom",
     "crash-on-valid",
     "crash-on-invalid",
+    "refused-valid",
+    "assert-on-invalid",
+    "declaration",
     "accepted-invalid",
     "out-of-bounds",
     "alias",
@@ -26,6 +29,12 @@ KINDS = (
 )
 
 PROCESS_KINDS = ("crash-signal", "hang", "oom")  # the target process died, hung or ran out of memory
+
+# How bad a kind is: "error" (vLLM builds or crashes on something wrong) or "warning" (vLLM refuses
+# a case the contract expresses, or refuses an inexpressible one by an assertion instead of the
+# ValueError it promises). A campaign's --fail-on decides which severities fail it.
+SEVERITIES = ("warning", "error")
+SEVERITY = {kind: "warning" if kind in ("refused-valid", "assert-on-invalid") else "error" for kind in KINDS}
 
 _NUMBERS = re.compile(r"\d+")
 
@@ -51,6 +60,10 @@ class Finding:
         return " | ".join((self.kind, self.spec_kind, self.function, normalize(self.message)))
 
     @property
+    def severity(self) -> str:
+        return SEVERITY.get(self.kind, "error")
+
+    @property
     def signature_id(self) -> str:
         return hashlib.sha256(self.signature.encode()).hexdigest()[:12]
 
@@ -66,6 +79,7 @@ class Finding:
             "message": self.message,
             "layer": self.layer,
             "latent": self.latent,
+            "severity": self.severity,
             "signature": self.signature,
             "signature_id": self.signature_id,
         }
