@@ -19,6 +19,7 @@ Sources: `RandomSource` (the campaign's fast path), `fuzz.strategies.HypothesisS
 
 from __future__ import annotations
 
+import bisect
 import functools
 import random
 from collections.abc import Sequence
@@ -117,13 +118,19 @@ class RandomSource:
         raise Rejected
 
 
-@functools.lru_cache(maxsize=64)
+PRIMES = tuple(n for n in range(2, 4097) if all(n % d for d in range(2, int(n**0.5) + 1)))
+
+
+PRIME_SET = frozenset(PRIMES)
+
+
 def _primes(low: int, high: int) -> tuple[int, ...]:
-    return tuple(n for n in range(max(2, low), high + 1) if all(n % d for d in range(2, int(n**0.5) + 1)))
+    return PRIMES[bisect.bisect_left(PRIMES, low):bisect.bisect_right(PRIMES, high)]
 
 
 def edge_int(source: Source, low: int, high: int) -> int:
-    """An integer in [low, high], biased toward its edges: low, low + 1, a power of two, a prime, high, or any."""
+    """An integer in [low, high], biased toward its edges: low, low + 1, a power of two, a prime, high, or any (drawn
+    log-uniformly, so small and large magnitudes are equally likely)."""
     if high <= low:
         return low
     kind = source.integer(0, 5)
@@ -136,12 +143,13 @@ def edge_int(source: Source, low: int, high: int) -> int:
         if powers:
             return source.choice(powers)
     elif kind == 3:
-        primes = _primes(low, min(high, 4096))
+        primes = _primes(low, min(high, PRIMES[-1]))
         if primes:
             return source.choice(primes)
     elif kind == 4:
         return high
-    return source.integer(low, high)
+    bits = source.integer(max(1, low.bit_length()), high.bit_length())
+    return source.integer(max(low, 1 << (bits - 1)), min(high, (1 << bits) - 1))
 
 
 def edge_divisor(source: Source, number: int) -> int:
@@ -156,7 +164,7 @@ def edge_divisor(source: Source, number: int) -> int:
         return 2
     if kind == 2:
         return number
-    picked = [d for d in divisors if (kind == 3 and d & (d - 1) == 0) or (kind == 4 and d in _primes(2, d))]
+    picked = [d for d in divisors if (kind == 3 and d & (d - 1) == 0) or (kind == 4 and d in PRIME_SET)]
     return source.choice(picked or divisors)
 
 
@@ -248,7 +256,8 @@ def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_grou
     if info.kv_sharing and source.chance(15):
         sharing = (("g0.shared", groups[0].layers[-1]),)
     case = Case(groups=tuple(groups), num_blocks=1, layout=layout, kv_sharing=sharing)
-    per_block = buffer_bytes(case)
+    # Bytes per block as the contract lays the case out (alignments of several groups can multiply them).
+    per_block = max(buffer_bytes(case), oracles.buffer_bytes(case, info.contract))
     cap = MAX_PRODUCTION_BYTES if production else MAX_BUFFER_BYTES
     if per_block > cap:
         source.reject()
@@ -314,9 +323,16 @@ def _attention_spec(source: Source, info: TargetInfo, kind: str, backend: Backen
     storage, quant = CACHE_DTYPES[cache]
     fields: dict[str, object] = {"kind": kind, "block_size": block_size, "dtype": storage or model_dtype, "cache_dtype": cache,
                                  "kv_quant_mode": quant if info.can(kind, "kv_quant_mode") else "none"}
+    element = DTYPE_SIZES[str(fields["dtype"])]
+    # Head sizes up to the largest one whose page still fits the buffer cap (the high edge of the range).
+    cap = MAX_PRODUCTION_BYTES // 64 if production else MAX_BUFFER_BYTES
+
+    def largest_head(heads: int, vectors: int) -> int:
+        return max(1, min(MAX_HEAD_SIZE, cap // (block_size * heads * vectors * element)))
+
     if mla:
         fields["num_kv_heads"] = 1
-        fields["head_size"] = edge_int(source, 1, MAX_HEAD_SIZE)
+        fields["head_size"] = edge_int(source, 1, largest_head(1, 1))
         compresses = (backend is None or backend.compresses) and info.can(kind, "compress_ratio")
         ratio = edge_divisor(source, block_size) if compresses and source.chance(70) else 1
         fields["compress_ratio"] = ratio
@@ -335,10 +351,10 @@ def _attention_spec(source: Source, info: TargetInfo, kind: str, backend: Backen
         if info.can(kind, "alignment") and source.chance(40):
             fields["alignment"] = 16 * edge_int(source, 1, 256)  # bytes, at the granularity of device memory alignment
     else:
-        fields["num_kv_heads"] = edge_int(source, 1, MAX_PRODUCTION_HEADS if production else MAX_HEADS)
-        fields["head_size"] = edge_int(source, 1, MAX_HEAD_SIZE)
+        heads = fields["num_kv_heads"] = edge_int(source, 1, MAX_PRODUCTION_HEADS if production else MAX_HEADS)
+        fields["head_size"] = edge_int(source, 1, largest_head(heads, 2))
         if not shaped and info.can(kind, "head_size_v") and (backend is None or backend.asymmetric_kv) and source.chance(30):
-            fields["head_size_v"] = edge_int(source, 1, MAX_HEAD_SIZE)
+            fields["head_size_v"] = edge_int(source, 1, largest_head(heads, 2))
     fields.update(_kind_fields(source, kind))
     spec = SpecCase(**fields)  # type: ignore[arg-type]
     if not mla and not shaped and source.chance(25):
