@@ -260,8 +260,8 @@ class Adapter:
             for field, default in FIELD_DEFAULTS.items():
                 if getattr(spec, field) != default and not info.can(spec.kind, field) and not self.implied(spec, field):
                     return f"{spec.kind} specs of vLLM {info.vllm_version} have no {field}"
-            if spec.block_stride_multiple_of is not None and not info.can(spec.kind, "block_stride_alignment"):
-                return f"{spec.kind} specs of vLLM {info.vllm_version} have no block_stride_alignment"
+            if spec.block_stride_multiple_of is not None and not hasattr(self.kv.KVCacheSpec, "get_block_stride_alignment"):
+                return f"vLLM {info.vllm_version} takes no block_stride_alignment in whole kernel blocks"
         return None
 
     def implied(self, spec: SpecCase, field: str) -> bool:
