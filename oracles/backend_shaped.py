@@ -141,7 +141,7 @@ def _attention_layer(name: str, index: int, group: GroupCase, num_blocks: int, p
 
 
 def _mamba_layer(name: str, index: int, group: GroupCase, num_blocks: int, pool: int, page: pages.Page,
-                 contract: Contract) -> LayerExpectation:
+                 contract: Contract) -> LayerExpectation | str:
     spec = group.spec
     rule = PageRule(origin=0, block_pitch=page.page_bytes, span_starts=(0,), span_len=page.page_bytes, pad_start=page.unpadded_bytes)
     if contract.mamba_views == "page-bytes":
@@ -152,6 +152,8 @@ def _mamba_layer(name: str, index: int, group: GroupCase, num_blocks: int, pool:
     offset = 0
     for state_shape, dtype in zip(spec.mamba_shapes, spec.mamba_dtypes, strict=True):
         esz = DTYPE_SIZES[dtype]
+        if offset % esz or page.page_bytes % esz:
+            return "a Mamba state tensor does not start on a whole number of its elements in every page"
         shape = (num_blocks, *state_shape)
         strides = dense_strides(shape, tuple(range(len(shape))), esz)
         strides[0] = page.page_bytes
