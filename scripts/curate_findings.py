@@ -13,11 +13,11 @@ release reproduces (the oracle or generator changed since) are dropped. A kept f
 layer and numbers of the first release it fails on.
 
 --refresh re-derives a corpus folder after the oracle or the verdicts changed: each kept case is
-replayed on every release, and it is kept under every signature it now shows (a case whose
-AssertionError refusal became `assert-on-invalid` on one release and that crashes on another is
-kept once per signature, each with the releases that show it); files whose signature no release
-shows any more are removed. A case vLLM derives differently from what it states (a case error) is
-reported and left alone.
+replayed on every release and keeps its own signature on the releases that still show it; a
+signature a case now shows where no kept file expects it (a kind that changed, an AssertionError
+refusal that became `assert-on-invalid`) is kept under a file of its own, so every replay of the
+folder on any release is expected; files whose signature no release shows any more are removed. A
+case vLLM derives differently from what it states (a case error) is reported.
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ def main() -> None:
     parser.add_argument("--to", dest="high", default=None)
     parser.add_argument("--out", type=Path, default=Path("corpus/findings"))
     parser.add_argument("--refresh", action="store_true", help="re-derive the signatures and releases of the one folder given")
+    parser.add_argument("--cache", type=Path, help="with --refresh: keep (or reuse) every release's results in this JSON file")
     args = parser.parse_args()
     if args.refresh:
-        refresh(args.folders[0], args.low, args.high)
+        refresh(args.folders[0], args.low, args.high, args.cache)
     else:
         curate(args.folders, args.low, args.high, args.out)
 
@@ -89,34 +90,55 @@ def curate(folders: list[Path], low: str, high: str | None, out: Path) -> None:
         print(json.dumps({"signature": signature, "file": str(path), "affected": affected}))
 
 
-def refresh(folder: Path, low: str, high: str | None) -> None:
-    found = {str(entry.path): entry for entry in corpus.entries(folder)}
-    seen = replay_everywhere(found, low, high)
-    keep: dict[Path, tuple[corpus.Entry, Finding, list[str]]] = {}
-    for key, entry in found.items():
-        errors = {v: e for v, e in seen[key].items() if isinstance(e, str)}
-        if errors:
-            print(json.dumps({"case_error": key, "releases": errors}))
-        by_signature: dict[str, list[str]] = {}
-        for version, result in seen[key].items():
-            if isinstance(result, Finding):
-                by_signature.setdefault(result.signature, []).append(version)
-        for affected in by_signature.values():
-            first = seen[key][affected[0]]
-            assert isinstance(first, Finding)
-            path = folder / f"{first.signature_id}-{entry.case.content_hash()}.json"
-            keep.setdefault(path, (entry, first, affected))
+def refresh(folder: Path, low: str, high: str | None, cache: Path | None = None) -> None:
+    found = {str(entry.path): entry for entry in sorted(corpus.entries(folder), key=lambda e: str(e.path))}
+    seen = _cached_replay(found, low, high, cache)
+    # Each case keeps its own signature where it still shows it; a signature a case shows where no kept
+    # file expects it (a kind that changed, an AssertionError now assert-on-invalid) gets a file of its own.
+    covered: dict[str, set[str]] = {}
+    keep: list[tuple[corpus.Entry, Finding, list[str]]] = []
+    for own_only in (True, False):
+        for key, entry in found.items():
+            errors = {v: e for v, e in seen[key].items() if isinstance(e, str)}
+            if errors and own_only:
+                print(json.dumps({"case_error": key, "releases": errors}))
+            shown: dict[str, list[str]] = {}
+            for version, result in seen[key].items():
+                if not isinstance(result, Finding) or (result.signature == entry.meta.get("signature")) != own_only:
+                    continue
+                if result.signature not in covered.get(version, set()):
+                    shown.setdefault(result.signature, []).append(version)
+            for affected in shown.values():
+                first = seen[key][affected[0]]
+                assert isinstance(first, Finding)
+                keep.append((entry, first, affected))
+                for version in affected:
+                    covered.setdefault(version, set()).add(first.signature)
     written = set()
-    for path, (entry, first, affected) in keep.items():
+    for entry, first, affected in keep:
         meta = {**entry.meta, **first.to_dict(), **TARGETS[affected[0]], "affected_versions": affected, "vllm_version": affected[0],
                 "target": affected[0]}
-        written.add(corpus.save_finding(folder, entry.case, meta))
-        if str(path) not in found or found[str(path)].meta.get("signature") != first.signature:
-            print(json.dumps({"new": str(path), "signature": first.signature, "affected": affected}))
+        path = corpus.save_finding(folder, entry.case, meta)
+        written.add(path)
+        if entry.meta.get("signature") != first.signature or entry.meta.get("affected_versions") != affected:
+            print(json.dumps({"file": str(path), "signature": first.signature, "affected": affected, "from": str(entry.path)}))
     for key in found:
         if Path(key) not in written:
             Path(key).unlink()
-            print(json.dumps({"removed": key}))
+            print(json.dumps({"removed": key, "signature": found[key].meta.get("signature")}))
+
+
+def _cached_replay(found: dict[str, corpus.Entry], low: str, high: str | None, cache: Path | None) -> dict[str, dict[str, Finding | str]]:
+    """replay_everywhere, read from / written to `cache` (JSON) so a refresh can be re-derived without replaying."""
+    if cache is not None and cache.exists():
+        data = json.loads(cache.read_text())
+        TARGETS.update(data["targets"])
+        return {key: {v: r if isinstance(r, str) else Finding.from_dict(r) for v, r in per.items()} for key, per in data["seen"].items()}
+    seen = replay_everywhere(found, low, high)
+    if cache is not None:
+        cache.write_text(json.dumps({"targets": TARGETS, "seen": {key: {v: r if isinstance(r, str) else r.to_dict() for v, r in per.items()}
+                                                                  for key, per in seen.items()}}))
+    return seen
 
 
 if __name__ == "__main__":
