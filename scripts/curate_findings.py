@@ -106,7 +106,7 @@ def refresh(folder: Path, low: str, high: str | None, cache: Path | None = None)
             for version, result in seen[key].items():
                 if not isinstance(result, Finding) or (result.signature == entry.meta.get("signature")) != own_only:
                     continue
-                if result.signature not in covered.get(version, set()):
+                if own_only or result.signature not in covered.get(version, set()):
                     shown.setdefault(result.signature, []).append(version)
             for affected in shown.values():
                 first = seen[key][affected[0]]
