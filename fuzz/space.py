@@ -358,9 +358,9 @@ def _attention_spec(source: Source, info: TargetInfo, kind: str, backend: Backen
     fields.update(_kind_fields(source, kind))
     spec = SpecCase(**fields)  # type: ignore[arg-type]
     if not mla and not shaped and source.chance(25):
-        # Padding by whole elements, as vLLM's page-size unification pads.
-        extra = pages.element_size(spec) * edge_int(source, 1, 2048)
-        spec = SpecCase(**{**fields, "page_size_padded": pages.page(spec).page_bytes + extra})  # type: ignore[arg-type]
+        # Padding up to a larger page, as vLLM's page-size unification pads to another group's page (16-byte granular).
+        padded = pages.round_up(pages.page(spec).page_bytes + edge_int(source, 1, 2048), 16)
+        spec = SpecCase(**{**fields, "page_size_padded": padded})  # type: ignore[arg-type]
     return spec
 
 
