@@ -97,6 +97,7 @@ def refresh(folder: Path, low: str, high: str | None, cache: Path | None = None)
     # file expects it (a kind that changed, an AssertionError now assert-on-invalid) gets a file of its own.
     covered: dict[str, set[str]] = {}
     keep: list[tuple[corpus.Entry, Finding, list[str]]] = []
+    groups: set[tuple[str, tuple[str, ...]]] = set()  # (signature, releases) already kept: a second case adds nothing
     for own_only in (True, False):
         for key, entry in found.items():
             errors = {v: e for v, e in seen[key].items() if isinstance(e, str)}
@@ -108,7 +109,10 @@ def refresh(folder: Path, low: str, high: str | None, cache: Path | None = None)
                     continue
                 if own_only or result.signature not in covered.get(version, set()):
                     shown.setdefault(result.signature, []).append(version)
-            for affected in shown.values():
+            for signature, affected in shown.items():
+                if (signature, tuple(affected)) in groups:
+                    continue
+                groups.add((signature, tuple(affected)))
                 first = seen[key][affected[0]]
                 assert isinstance(first, Finding)
                 keep.append((entry, first, affected))
