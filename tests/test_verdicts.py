@@ -77,3 +77,27 @@ def test_fail_on_decides_which_severities_fail_a_campaign():
     assert not fails("refused-valid", "error") and not fails("assert-on-invalid", "error")
     assert fails("refused-valid", "warning") and fails("crash-on-invalid", "warning")
     assert not fails("crash-on-valid", "never")
+
+
+def test_an_internal_error_keeps_its_case_and_fails_the_run_with_status_2(tmp_path):
+    import argparse
+    import json
+    from types import SimpleNamespace
+
+    from fuzz.campaign.engine import Campaign, CampaignOptions
+    from fuzz.case import to_dict
+    from fuzz.commands import _write_reports
+    from tests.conftest import synthetic_info
+
+    pool = SimpleNamespace(info=synthetic_info(), source=SimpleNamespace(spec="installed", label="installed"), workers=[0],
+                           fuzzers=lambda: [0])
+    campaign = Campaign(pool, CampaignOptions(corpus_dir=tmp_path / "findings", seed=4))  # type: ignore[arg-type]
+    case = case_of(SpecCase(kind="full", block_size=16), synthetic=SyntheticBackend("any"))
+    item = {"error": "KeyError: 'l0'", "index": 7, "case": to_dict(case)}
+    campaign._on_batch(0, {"batch": 1, "done": 8, "elapsed": 0.1, "errors": {"KeyError: 'l0'": 2}, "internal": [item, item]})
+    data = campaign.report.to_dict()
+    kept = data["internal_error_cases"]["KeyError: 'l0'"]
+    assert json.loads(open(kept).read())["index"] == 7 and kept.startswith(str(tmp_path / "internal-errors"))
+    args = argparse.Namespace(report=None, junit=None, fail_on="error")
+    assert _write_reports(args, data) == 2
+    assert _write_reports(args, {**data, "internal_errors": {}}) == 0
