@@ -1,4 +1,5 @@
-"""The kvfuzz command. Exit status: 0 clean, 1 new findings (or replay failures), 2 usage or setup error.
+"""The kvfuzz command. Exit status: 0 clean, 1 new findings (as severe as --fail-on) or replay failures, 2 usage or
+setup error, a malformed or inconsistent case, or an internal kvfuzz error during a campaign.
 
 Every command is a function (args, out) -> int; errors derived from KvfuzzError become one line
 on stderr and exit status 2.
@@ -77,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-buffer-bytes", type=_positive(int), default=1 << 30, help="production scale with --probe physical: largest buffer")
     run.add_argument("--engine", choices=("default", "atheris"), default="default",
                      help="default: seeded draws in forked workers; atheris: coverage-guided (pip install 'kvfuzz[atheris]')")
+    run.add_argument("--fail-on", choices=("error", "warning", "never"), default="error",
+                     help="exit 1 for new findings of this severity or worse: error (default; crashes, wrong views, broken "
+                          "declarations), warning (also refused-valid and assert-on-invalid), never")
     run.add_argument("--quiet", action="store_true", help="no progress output")
 
     replay = sub.add_parser("replay", help="re-run corpus files")

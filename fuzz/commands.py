@@ -19,7 +19,7 @@ from fuzz.campaign.pool import Pool, RemoteTarget
 from fuzz.case import Case
 from fuzz.errors import UsageError
 from fuzz.targets import releases
-from fuzz.verdict.findings import Finding
+from fuzz.verdict.findings import SEVERITIES, SEVERITY, Finding
 
 MIB = 1 << 20
 
@@ -94,23 +94,44 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     data = report.to_dict()
     print(f"kvfuzz: {data['cases']} cases in {data['elapsed_s']} s ({data['cases_per_s']} cases/s), "
           f"stopped by {data['stop_reason']}: {dict(report.verdicts)}", file=out)
-    for finding in data["findings"]:
-        latent = " (latent: synthetic backend)" if finding["latent"] else ""
-        print(f"  NEW {finding['kind']}{latent}: {finding['signature']}\n      {finding['case_file']}", file=out)
-    for message, count in data["internal_errors"].items():
-        print(f"  kvfuzz internal error ({count}x, please report): {message}", file=out)
+    print_summary(data, out)
     return _write_reports(args, data)
 
 
-def _write_reports(args: argparse.Namespace, data: dict[str, object]) -> int:
-    """The JSON report and JUnit XML a campaign was asked for; the exit status for its findings."""
+def print_summary(data: dict[str, Any], out: TextIO) -> None:
+    """New findings with their severity, findings by kind and severity, and kvfuzz's own errors with the case kept."""
+    from collections import Counter
+
+    for finding in data["findings"]:
+        latent = " (latent: synthetic backend)" if finding["latent"] else ""
+        print(f"  NEW {finding['severity']} {finding['kind']}{latent}: {finding['signature']}\n      {finding['case_file']}", file=out)
+    kinds = Counter(f"{f['severity']} {f['kind']}" for f in data["findings"])
+    if kinds:
+        print("  findings by kind: " + ", ".join(f"{kind} {count}" for kind, count in sorted(kinds.items())), file=out)
+    for message, count in data["internal_errors"].items():
+        kept = data.get("internal_error_cases", {}).get(message)
+        print(f"  kvfuzz internal error ({count}x, please report): {message}" + (f"\n      case: {kept}" if kept else ""), file=out)
+
+
+def _write_reports(args: argparse.Namespace, data: dict[str, Any]) -> int:
+    """The JSON report and JUnit XML a campaign was asked for; the exit status: 2 when kvfuzz itself failed on a case,
+    1 when a new finding is at least as severe as --fail-on, else 0."""
     from fuzz.campaign.junit import write_junit
 
     if args.report:
         args.report.write_text(json.dumps(data, indent=1) + "\n")
     if args.junit:
         write_junit(args.junit, data)
-    return 1 if data["findings"] else 0
+    if data.get("internal_errors"):
+        return 2
+    return 1 if any(fails(f["kind"], args.fail_on) for f in data["findings"]) else 0
+
+
+def fails(kind: str, fail_on: str) -> bool:
+    """Whether a finding of this kind fails a campaign run with --fail-on error|warning|never."""
+    if fail_on == "never":
+        return False
+    return SEVERITIES.index(SEVERITY.get(kind, "error")) >= SEVERITIES.index(fail_on)
 
 
 def _run_atheris(args: argparse.Namespace, out: TextIO) -> int:

@@ -19,25 +19,26 @@ Sources: `RandomSource` (the campaign's fast path), `fuzz.strategies.HypothesisS
 
 from __future__ import annotations
 
+import bisect
 import functools
 import random
 from collections.abc import Sequence
 from typing import NoReturn, Protocol, TypeVar
 
+import oracles
 from fuzz.case import DTYPE_SIZES, MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend
 from fuzz.targets.base import BackendInfo, TargetInfo
 from oracles import pages
 
 T = TypeVar("T")
 
-BLOCK_SIZES = (16, 32, 64, 128, 256, 512)
-HEAD_SIZES = (64, 32, 16, 128, 80, 96)
-MLA_HEAD_SIZES = (512, 576, 128, 132, 584)
-COMPRESS_RATIOS = (4, 128, 2, 8)
-MAMBA_SHAPES = (((2, 8),), ((3, 8), (2, 4, 4)), ((4, 16),), ((1, 2, 2),))
+# Numbers are drawn from ranges, biased toward their edges (the low end, 2, powers of two, primes,
+# the high end), never from the numbers of known bugs; integers shrink toward the low end.
+MAX_BLOCK_SIZE = 1024
+MAX_HEAD_SIZE = 1024
+MAX_HEADS = 8
 MAMBA_DTYPES = ("float32", "bfloat16", "float16")
 ALL_DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2", "uint8", "int8")
-SYNTHETIC_KERNELS: tuple[tuple[int | str, ...], ...] = (("x1",), ("x16",), (16,), (64,), (16, 32), (256,), ("x32",), (2,))
 # Declared cache shapes of synthetic backends on backend-shaped releases, with the stride
 # orders such a backend may declare; each covers heads x (K + V) or one MLA latent per slot.
 SYNTHETIC_SHAPES: dict[bool, tuple[tuple[tuple[int | str, ...], tuple[tuple[int, ...], ...]], ...]] = {
@@ -67,11 +68,15 @@ DS_MLA_BYTES = {None: 656, "deepseek_v4": 584}
 KIND_ORDER = ("full", "sliding_window", "mla", "sliding_window_mla", "chunked_local", "sink", "cross", "encoder_only", "mamba")
 LAYOUT_ORDER = ("LBNHC", "LBHNC", "BLNHC", "BLHNC", "BHLNC", "LHBNC", "NHD", "HND")
 MAX_BUFFER_BYTES = 1 << 20
-# Production scale: block counts and geometry of real deployments (DeepSeek V4 crashed at 30,819
-# blocks per layer). Such buffers are described, not allocated: the target runs on the meta device.
-PRODUCTION_BLOCKS = (30819, 2048, 65537, 131072, 1 << 20)
-PRODUCTION_HEADS = (8, 1, 2, 4, 16, 32)
+# Production scale: block counts and geometry of real deployments, up to a million blocks and a TiB
+# of buffer. Such buffers are described, not allocated: the target runs on the meta device.
+MAX_PRODUCTION_BLOCKS = 1 << 20
+MAX_PRODUCTION_BYTES = 1 << 40
+MAX_PRODUCTION_HEADS = 64
 SCALES = ("small", "production")
+# A case the contract rejects is kept this often (percent); the others are redrawn, so most cases
+# test layouts vLLM must build while refusals stay covered.
+KEEP_REJECTED = 30
 
 
 class Source(Protocol):
@@ -111,6 +116,67 @@ class RandomSource:
 
     def reject(self) -> NoReturn:
         raise Rejected
+
+
+PRIMES = tuple(n for n in range(2, 4097) if all(n % d for d in range(2, int(n**0.5) + 1)))
+
+
+PRIME_SET = frozenset(PRIMES)
+
+
+def _primes(low: int, high: int) -> tuple[int, ...]:
+    return PRIMES[bisect.bisect_left(PRIMES, low):bisect.bisect_right(PRIMES, high)]
+
+
+def edge_int(source: Source, low: int, high: int) -> int:
+    """An integer in [low, high], biased toward its edges: low, low + 1, a power of two, a prime, high, or any (drawn
+    log-uniformly, so small and large magnitudes are equally likely)."""
+    if high <= low:
+        return low
+    kind = source.integer(0, 5)
+    if kind == 0:
+        return low
+    if kind == 1:
+        return low + 1
+    if kind == 2:
+        powers = [1 << k for k in range(max(0, (low - 1).bit_length()), high.bit_length()) if low <= 1 << k <= high]
+        if powers:
+            return source.choice(powers)
+    elif kind == 3:
+        primes = _primes(low, min(high, PRIMES[-1]))
+        if primes:
+            return source.choice(primes)
+    elif kind == 4:
+        return high
+    bits = source.integer(max(1, low.bit_length()), high.bit_length())
+    return source.integer(max(low, 1 << (bits - 1)), min(high, (1 << bits) - 1))
+
+
+def edge_divisor(source: Source, number: int) -> int:
+    """A divisor of `number`, biased toward 1, 2, powers of two, primes and `number` itself."""
+    divisors = _divisors(number)
+    if len(divisors) == 1:
+        return divisors[0]
+    kind = source.integer(0, 4)
+    if kind == 0:
+        return 1
+    if kind == 1 and number % 2 == 0:
+        return 2
+    if kind == 2:
+        return number
+    picked = [d for d in divisors if (kind == 3 and d & (d - 1) == 0) or (kind == 4 and d in PRIME_SET)]
+    return source.choice(picked or divisors)
+
+
+@functools.lru_cache(maxsize=1024)
+def _divisors(number: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, number + 1) if number % d == 0)
+
+
+def simpler_block_sizes(block_size: int) -> list[int]:
+    """Smaller block sizes a minimizer may try: powers of two and divisors below `block_size`, simplest first."""
+    powers = [1 << k for k in range(block_size.bit_length()) if 1 << k < block_size]
+    return sorted(set(powers) | {d for d in _divisors(block_size) if d < block_size})
 
 
 def case_seed(campaign_seed: int, index: int) -> int:
@@ -189,14 +255,17 @@ def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_grou
     sharing: tuple[tuple[str, str], ...] = ()
     if info.kv_sharing and source.chance(15):
         sharing = (("g0.shared", groups[0].layers[-1]),)
-    blocks = source.choice(PRODUCTION_BLOCKS) if production else source.integer(1, 4)
-    case = Case(groups=tuple(groups), num_blocks=blocks, layout=layout, kv_sharing=sharing)
-    if not production:
-        # Small scale: as many of the drawn blocks as fit the buffer cap.
-        per_block = buffer_bytes(case) // blocks
-        if per_block > MAX_BUFFER_BYTES:
-            source.reject()
-        case = Case(groups=case.groups, num_blocks=min(blocks, MAX_BUFFER_BYTES // per_block), layout=layout, kv_sharing=sharing)
+    case = Case(groups=tuple(groups), num_blocks=1, layout=layout, kv_sharing=sharing)
+    # Bytes per block as the contract lays the case out (alignments of several groups can multiply them).
+    per_block = max(buffer_bytes(case), oracles.buffer_bytes(case, info.contract))
+    cap = MAX_PRODUCTION_BYTES if production else MAX_BUFFER_BYTES
+    if per_block > cap:
+        source.reject()
+    # As many blocks as the buffer cap allows at most; few, some or many, biased toward the edges.
+    most = min(cap // per_block, MAX_PRODUCTION_BLOCKS if production else 4)
+    case = Case(groups=case.groups, num_blocks=edge_int(source, 1, most), layout=layout, kv_sharing=sharing)
+    if not source.chance(KEEP_REJECTED) and not oracles.expect(case, info.contract).accepted:
+        source.reject()
     return case
 
 
@@ -219,9 +288,9 @@ def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, la
         if not use_synthetic and not candidates:
             source.reject()
         backend = None if use_synthetic else source.choice(candidates)
-        fake = _synthetic_backend(source, info, mla, shaped) if use_synthetic else None
-        declared = fake.kernel_block_sizes if fake else backend.kernel_block_sizes  # type: ignore[union-attr]
-        spec = _attention_spec(source, info, kind, backend, shaped, cache_dtype, production, _block_sizes(kind, declared))
+        block_size = _block_size(source, kind, backend.kernel_block_sizes if backend else ())
+        fake = _synthetic_backend(source, info, mla, shaped, block_size) if use_synthetic else None
+        spec = _attention_spec(source, info, kind, backend, shaped, cache_dtype, production, block_size)
     sizes = fake.kernel_block_sizes if fake else backend.kernel_block_sizes  # type: ignore[union-attr]
     # vLLM picks no kernel block size for encoder-only groups: they keep the manager block.
     kernel = spec.block_size if kind == "encoder_only" else choose_kernel_block_size(spec.block_size, sizes)
@@ -232,17 +301,19 @@ def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, la
                      kernel_block_size=kernel)
 
 
-@functools.lru_cache(maxsize=256)
-def _block_sizes(kind: str, kernel_sizes: tuple[int | str, ...]) -> tuple[int, ...]:
-    """Block sizes for which vLLM's rule finds a kernel block size the backend declares."""
-    fitting = tuple(b for b in BLOCK_SIZES if kind == "encoder_only" or choose_kernel_block_size(b, kernel_sizes) is not None)
-    return fitting or BLOCK_SIZES
+def _block_size(source: Source, kind: str, kernel_sizes: Sequence[int | str]) -> int:
+    """A block size: a multiple of a kernel block size the backend declares (so vLLM's rule can split it), or for a
+    backend declaring none (a synthetic one, drawn after) any size."""
+    bases = sorted({int(s[1:]) if isinstance(s, str) else s for s in kernel_sizes})
+    if not bases:
+        return edge_int(source, 1, MAX_BLOCK_SIZE)
+    base = source.choice(bases)
+    return base * edge_int(source, 1, max(1, MAX_BLOCK_SIZE // base))
 
 
 def _attention_spec(source: Source, info: TargetInfo, kind: str, backend: BackendInfo | None, shaped: bool,
-                    cache_dtype: str | None, production: bool = False, block_sizes: tuple[int, ...] = BLOCK_SIZES) -> SpecCase:
+                    cache_dtype: str | None, production: bool, block_size: int) -> SpecCase:
     mla = kind in MLA_KINDS
-    block_size = source.choice(block_sizes)
     if backend is None:
         model_dtype = source.choice(ALL_DTYPES)
         cache = cache_dtype if cache_dtype is not None and CACHE_DTYPES[cache_dtype][0] is None else "auto"
@@ -252,11 +323,18 @@ def _attention_spec(source: Source, info: TargetInfo, kind: str, backend: Backen
     storage, quant = CACHE_DTYPES[cache]
     fields: dict[str, object] = {"kind": kind, "block_size": block_size, "dtype": storage or model_dtype, "cache_dtype": cache,
                                  "kv_quant_mode": quant if info.can(kind, "kv_quant_mode") else "none"}
+    element = DTYPE_SIZES[str(fields["dtype"])]
+    # Head sizes up to the largest one whose page still fits the buffer cap (the high edge of the range).
+    cap = MAX_PRODUCTION_BYTES // 64 if production else MAX_BUFFER_BYTES
+
+    def largest_head(heads: int, vectors: int) -> int:
+        return max(1, min(MAX_HEAD_SIZE, cap // (block_size * heads * vectors * element)))
+
     if mla:
         fields["num_kv_heads"] = 1
-        fields["head_size"] = source.choice(MLA_HEAD_SIZES)
+        fields["head_size"] = edge_int(source, 1, largest_head(1, 1))
         compresses = (backend is None or backend.compresses) and info.can(kind, "compress_ratio")
-        ratio = source.choice([r for r in (1, *COMPRESS_RATIOS, block_size) if block_size % r == 0]) if compresses else 1
+        ratio = edge_divisor(source, block_size) if compresses and source.chance(70) else 1
         fields["compress_ratio"] = ratio
         if cache == "fp8_ds_mla":
             # The format of DeepSeek V3.2 (656 B per token) and V4 (584 B, its own backends);
@@ -271,32 +349,32 @@ def _attention_spec(source: Source, info: TargetInfo, kind: str, backend: Backen
         elif kind == "mla" and ratio > 1 and info.can(kind, "model_version"):
             fields["model_version"] = "deepseek_v4"
         if info.can(kind, "alignment") and source.chance(40):
-            fields["alignment"] = source.choice((576, 512))
+            fields["alignment"] = 16 * edge_int(source, 1, 256)  # bytes, at the granularity of device memory alignment
     else:
-        fields["num_kv_heads"] = source.choice(PRODUCTION_HEADS) if production else source.integer(1, 4)
-        fields["head_size"] = source.choice((128, 256, 64, 512) if production else HEAD_SIZES)
-        if not shaped and info.can(kind, "head_size_v") and source.chance(30):
-            fields["head_size_v"] = source.choice(HEAD_SIZES)
+        heads = fields["num_kv_heads"] = edge_int(source, 1, MAX_PRODUCTION_HEADS if production else MAX_HEADS)
+        fields["head_size"] = edge_int(source, 1, largest_head(heads, 2))
+        if not shaped and info.can(kind, "head_size_v") and (backend is None or backend.asymmetric_kv) and source.chance(30):
+            fields["head_size_v"] = edge_int(source, 1, largest_head(heads, 2))
     fields.update(_kind_fields(source, kind))
     spec = SpecCase(**fields)  # type: ignore[arg-type]
     if not mla and not shaped and source.chance(25):
-        # Padding by whole elements, as vLLM's page-size unification pads.
-        extra = source.choice((64, 128, 256, 4096))
-        spec = SpecCase(**{**fields, "page_size_padded": pages.page(spec).page_bytes + extra})  # type: ignore[arg-type]
+        # Padding up to a larger page, as vLLM's page-size unification pads to another group's page (16-byte granular).
+        padded = pages.round_up(pages.page(spec).page_bytes + edge_int(source, 1, 2048), 16)
+        spec = SpecCase(**{**fields, "page_size_padded": padded})  # type: ignore[arg-type]
     return spec
 
 
 def _kind_fields(source: Source, kind: str) -> dict[str, object]:
     if kind in ("sliding_window", "sliding_window_mla"):
-        return {"sliding_window": source.choice((128, 1024))}
+        return {"sliding_window": edge_int(source, 1, 1 << 16)}
     if kind == "chunked_local":
-        return {"attention_chunk_size": source.choice((256, 1024))}
+        return {"attention_chunk_size": edge_int(source, 1, 1 << 16)}
     if kind == "sink":
-        return {"sink_len": source.choice((4, 16))}
+        return {"sink_len": edge_int(source, 1, 64)}
     return {}
 
 
-def _synthetic_backend(source: Source, info: TargetInfo, mla: bool, shaped: bool) -> SyntheticBackend:
+def _synthetic_backend(source: Source, info: TargetInfo, mla: bool, shaped: bool, block_size: int) -> SyntheticBackend:
     layouts = None
     if not shaped and source.chance(50):
         picked = {source.choice(info.layouts) for _ in range(source.integer(1, 3))}
@@ -305,12 +383,25 @@ def _synthetic_backend(source: Source, info: TargetInfo, mla: bool, shaped: bool
     if shaped:
         shape, orders = source.choice(SYNTHETIC_SHAPES[mla])
         order = source.choice(orders)
-    return SyntheticBackend(name=source.choice(("alpha", "beta")), kernel_block_sizes=source.choice(SYNTHETIC_KERNELS),
+    return SyntheticBackend(name=source.choice(("alpha", "beta")), kernel_block_sizes=_synthetic_kernel_sizes(source, block_size),
                             layouts=layouts, shape=shape, stride_order=order)
 
 
+def _synthetic_kernel_sizes(source: Source, block_size: int) -> tuple[int | str, ...]:
+    """What a synthetic backend declares: any multiple of a divisor of the block size, or one or two exact sizes, each a
+    divisor of the block size or (less often) a size that does not divide it, which vLLM's rule must pass over."""
+    if source.chance(40):
+        return (f"x{edge_divisor(source, block_size)}",)
+    sizes: list[int | str] = []
+    for _ in range(source.integer(1, 2)):
+        size = edge_divisor(source, block_size) if source.chance(75) else edge_int(source, 1, 2 * block_size)
+        if size not in sizes:
+            sizes.append(size)
+    return tuple(sizes)
+
+
 def _mamba_spec(source: Source, block_size: int, attention_page: int) -> SpecCase:
-    shapes = source.choice(MAMBA_SHAPES)
+    shapes = tuple(tuple(edge_int(source, 1, 16) for _ in range(source.integer(1, 3))) for _ in range(source.integer(1, 2)))
     dtypes = tuple(source.choice(MAMBA_DTYPES) for _ in shapes)
     spec = SpecCase(kind="mamba", block_size=block_size, mamba_shapes=shapes, mamba_dtypes=dtypes)
     content = pages.page(spec).page_bytes

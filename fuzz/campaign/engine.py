@@ -10,6 +10,7 @@ is replaced by a fresh fork, and its batch continues after the case that killed 
 
 from __future__ import annotations
 
+import hashlib
 import signal
 import time
 import uuid
@@ -51,6 +52,7 @@ class Report:
     rejections: Counter[str] = field(default_factory=Counter)
     skips: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)  # kvfuzz's own failures: bugs to report, not findings
+    error_cases: dict[str, str] = field(default_factory=dict)  # kvfuzz error -> file holding the first case it hit
     findings: list[FoundRecord] = field(default_factory=list)
     duplicates: int = 0  # findings whose signature was already known
     restarts: int = 0
@@ -75,6 +77,7 @@ class Report:
             "rejections": dict(self.rejections.most_common()),
             "skipped": dict(self.skips.most_common()),
             "internal_errors": dict(self.errors.most_common()),
+            "internal_error_cases": dict(self.error_cases),
             "restarts": self.restarts,
             "duplicates": self.duplicates,
             "findings": [
@@ -191,9 +194,23 @@ class Campaign:
         self.report.cases += payload["done"]
         for key in ("verdicts", "rejections", "skips", "errors"):
             getattr(self.report, key).update(payload.get(key, {}))
+        for item in payload.get("internal", ()):
+            self._save_internal_error(item)
         # Size batches to about half a second: small enough to stop on time, large enough to amortize.
         rate = payload["done"] / max(payload["elapsed"], 1e-3)
         self.batch_size = max(MIN_BATCH, min(MAX_BATCH, int(rate * 0.5)))
+
+    def _save_internal_error(self, item: dict[str, Any]) -> None:
+        """A kvfuzz error is a bug to report: keep the first case that hit it beside the corpus (internal-errors/)."""
+        if item["error"] in self.report.error_cases:
+            return
+        folder = self.options.corpus_dir.parent / "internal-errors"
+        folder.mkdir(parents=True, exist_ok=True)
+        case = from_dict(item["case"])
+        path = folder / f"{hashlib.sha256(item['error'].encode()).hexdigest()[:12]}-{case.content_hash()}.json"
+        corpus.write_atomic(path, {"error": item["error"], "seed": self.options.seed, "index": item["index"],
+                                   "target": self.report.target, "case": item["case"]})
+        self.report.error_cases[item["error"]] = str(path)
 
     def _on_finding(self, worker: int, payload: dict[str, Any]) -> None:
         finding = Finding.from_dict(payload["finding"])

@@ -160,6 +160,7 @@ class Worker:
             self.campaign, self.known = task.get("campaign"), set()
         self.known.update(task.get("known", ()))
         tallies: dict[str, Counter[str]] = {"verdicts": Counter(), "rejections": Counter(), "skips": Counter(), "errors": Counter()}
+        internal: dict[str, dict[str, Any]] = {}  # the first case of each kvfuzz error in this batch, saved by the coordinator
         began = time.monotonic()
         batch, info = task["batch"], self.target.info
         self.target.max_buffer_bytes = task.get("max_buffer_bytes", 1 << 30)  # type: ignore[attr-defined]
@@ -179,8 +180,15 @@ class Worker:
             try:
                 result = run_case(self.target, case, device, probe=probe)
             except Exception as error:  # noqa: BLE001 - a kvfuzz bug must not pass for a target crash
+                result = None
+                message = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+            else:
+                # A drawn case that vLLM derives differently from the generator is the generator's bug.
+                message = f"case error: {result.verdict.reason}"[:200] if result.verdict.status == "case-error" else None
+            if result is None or message is not None:
                 tallies["verdicts"]["internal-error"] += 1
-                tallies["errors"][f"{type(error).__name__}: {error}".splitlines()[0][:200]] += 1
+                tallies["errors"][message] += 1
+                internal.setdefault(message, {"error": message, "index": index, "case": to_dict(case)})
                 continue
             verdict = result.verdict
             tallies["verdicts"][verdict.status] += 1
@@ -194,7 +202,7 @@ class Worker:
                 self._report(batch, index, case, result.case, finding.to_dict(), device)
         self.slot.finish()
         protocol.send(self.conn, protocol.BATCH, {"batch": batch, "done": task["count"], "elapsed": time.monotonic() - began,
-                                                  **{k: dict(v) for k, v in tallies.items()}})
+                                                  "internal": list(internal.values()), **{k: dict(v) for k, v in tallies.items()}})
 
     def _report(self, batch: int, index: int, case: Any, declared: Any, finding: dict[str, Any], device: str) -> None:
         """Hand a new finding to the coordinator, wait until it is on disk, then shrink it here."""

@@ -13,29 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.ci.model import FLAKY, INTRODUCED, NEW, PRE_EXISTING, Checked, CiResult, Location
-from fuzz.verdict.findings import KINDS
+from fuzz.verdict.findings import DESCRIPTIONS, KINDS
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 INFORMATION_URI = "https://github.com/kvfuzz/kvfuzz"
 
-# One line per finding kind: the rule's short description.
-RULES = {
-    "crash-signal": "The target process died of a signal (segfault, abort) or exited.",
-    "hang": "The target did not finish the case within the case timeout.",
-    "oom": "The target process ran out of memory.",
-    "crash-on-valid": "vLLM raised on a KV-cache configuration it must support.",
-    "crash-on-invalid": "vLLM failed deep inside torch or arithmetic on a configuration it should refuse with a message.",
-    "accepted-invalid": "vLLM built views for a configuration its layout contract cannot express.",
-    "out-of-bounds": "A view addresses bytes outside its raw KV-cache buffer.",
-    "alias": "Distinct elements of one view share bytes.",
-    "shape": "A view's shape is not the declared one.",
-    "dtype": "A view's dtype is not the declared one.",
-    "block-partition": "A block's kernel blocks do not cover exactly that block's bytes.",
-    "page-escape": "A block's bytes leave its page or reach its padding.",
-    "share": "A KV-sharing layer does not alias its target layer's cache.",
-    "order": "Elements inside a block are not in the declared order.",
-    "probe-mismatch": "Bytes written through vLLM's views land where the oracle says they must not.",
-}
+RULES = DESCRIPTIONS
 LEVELS = {INTRODUCED: "error", NEW: "error", PRE_EXISTING: "warning", FLAKY: "note"}
 BASELINE_STATES = {INTRODUCED: "new", NEW: "new", PRE_EXISTING: "unchanged", FLAKY: "new"}
 

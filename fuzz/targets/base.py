@@ -31,6 +31,8 @@ class BackendInfo:
     compresses: bool = False  # serves caches that store several tokens per state
     # Backend-shaped targets: the block axis of the declared shape is not outermost (K/V first).
     kv_first: bool = False
+    # The backend takes K and V heads of different sizes (its customize_spec refuses them otherwise).
+    asymmetric_kv: bool = True
 
 
 @dataclass(frozen=True)
@@ -173,17 +175,22 @@ class Execution:
     case: Case
     outcome: Outcome | None = None
     skipped: str | None = None  # the target cannot express the case: a skip, never a finding
-    refused: str | None = None  # a backend refused the spec at configuration time: a rejection
+    # A field the case derives differs from what vLLM derives (field, both values): the case is wrong, not vLLM.
+    case_error: str | None = None
+    # A backend's declaration breaks the layout contract: (vLLM function, message, layer).
+    declaration: tuple[str, str, str | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"case": to_dict(self.case), "outcome": None if self.outcome is None else self.outcome.to_dict(),
-                "skipped": self.skipped, "refused": self.refused}
+                "skipped": self.skipped, "case_error": self.case_error,
+                "declaration": None if self.declaration is None else list(self.declaration)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Execution:
-        outcome = data.get("outcome")
+        outcome, declaration = data.get("outcome"), data.get("declaration")
         return cls(case=from_dict(data["case"]), outcome=None if outcome is None else Outcome.from_dict(outcome),
-                   skipped=data.get("skipped"), refused=data.get("refused"))
+                   skipped=data.get("skipped"), case_error=data.get("case_error"),
+                   declaration=None if declaration is None else (declaration[0], declaration[1], declaration[2]))
 
 
 class Target(Protocol):

@@ -19,7 +19,7 @@ import torch
 
 import oracles
 from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend
-from fuzz.errors import Inexpressible
+from fuzz.errors import BrokenDeclaration, CaseMismatch, Inexpressible
 from fuzz.targets.base import BackendInfo, BufferRecord, Execution, Outcome, TargetInfo, ViewRecord
 from fuzz.targets.probe import physical_probe, storage_key
 
@@ -112,20 +112,34 @@ def kernel_size_label(size: Any) -> int | str:
 
 
 def capture(call: Callable[[], Outcome]) -> Outcome:
-    """Run `call`; an exception becomes an Outcome naming the innermost vLLM function.
+    """Run `call`; an exception raised in vLLM's code becomes an Outcome naming the innermost vLLM function.
 
     SystemExit and KeyboardInterrupt raised by the target are data too: workers ignore SIGINT,
-    so neither can come from the user.
+    so neither can come from the user. An exception no vLLM frame took part in is kvfuzz's own
+    and propagates (an internal error), as does a case whose derived fields vLLM derives differently.
     """
     try:
         return call()
+    except CaseMismatch:
+        raise
     except (Exception, SystemExit, KeyboardInterrupt) as error:
-        frames = traceback.extract_tb(error.__traceback__)
-        innermost = (frames[-1], None) if frames else (None, None)
-        frame, path = next(((f, path) for f in reversed(frames) if (path := _vllm_path(f.filename)) is not None), innermost)
-        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return Outcome(error_type=type(error).__name__, error_message=message[:500], error_function=frame.name if frame else "?",
-                       error_layer=_layer_in_flight(error), error_file=path, error_line=frame.lineno if frame and path else None)
+        outcome = vllm_failure(error)
+        if outcome is None:
+            raise
+        return outcome
+
+
+def vllm_failure(error: BaseException) -> Outcome | None:
+    """The Outcome of an exception raised in (or through) vLLM's code, naming the innermost vLLM frame;
+    None when vLLM took no part in it."""
+    frames = traceback.extract_tb(error.__traceback__)
+    located = [(f, path) for f in frames if (path := _vllm_path(f.filename)) is not None]
+    if not located:
+        return None
+    frame, path = located[-1]
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return Outcome(error_type=type(error).__name__, error_message=message[:500], error_function=frame.name,
+                   error_layer=_layer_in_flight(error), error_file=path, error_line=frame.lineno)
 
 
 def _vllm_path(filename: str) -> str | None:
@@ -204,8 +218,8 @@ class Adapter:
         return group
 
     def make_views(self, case: Case, config: Any, attn_groups: list[list[Any]], kernel_block_sizes: list[int],
-                   device: torch.device) -> tuple[dict[str, Any], list[torch.Tensor], dict[int, int]]:
-        """Raw buffers -> per-layer views: (views by layer, raw buffers in config order, kernel sizes used)."""
+                   device: torch.device) -> tuple[dict[str, Any], list[torch.Tensor]]:
+        """Raw buffers -> per-layer views: (views by layer, raw buffers in config order)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ shared
@@ -262,8 +276,8 @@ class Adapter:
             for field, default in FIELD_DEFAULTS.items():
                 if getattr(spec, field) != default and not info.can(spec.kind, field) and not self.implied(spec, field):
                     return f"{spec.kind} specs of vLLM {info.vllm_version} have no {field}"
-            if spec.block_stride_multiple_of is not None and not info.can(spec.kind, "block_stride_alignment"):
-                return f"{spec.kind} specs of vLLM {info.vllm_version} have no block_stride_alignment"
+            if spec.block_stride_multiple_of is not None and not hasattr(self.kv.KVCacheSpec, "get_block_stride_alignment"):
+                return f"vLLM {info.vllm_version} takes no block_stride_alignment in whole kernel blocks"
         return None
 
     def implied(self, spec: SpecCase, field: str) -> bool:
@@ -334,15 +348,23 @@ class Adapter:
         if reason is not None:
             return Execution(case, skipped=reason)
         try:
-            case = self.declare(case)
+            declared = self.declare(case)
         except Inexpressible as error:
             return Execution(case, skipped=str(error))
-        except Exception as error:  # noqa: BLE001 - the backend refuses the spec at configuration time
-            return Execution(case, refused=f"{type(error).__name__}: {error}".splitlines()[0][:300])
-        if device != "meta" and self.max_buffer_bytes and oracles.buffer_bytes(case, self.info.contract) > self.max_buffer_bytes:  # type: ignore[attr-defined]
+        except BrokenDeclaration as error:
+            return Execution(case, declaration=(error.function, str(error), error.layer))
+        except Exception as error:  # noqa: BLE001 - building specs or asking the backend failed: judged like any vLLM error
+            failure = vllm_failure(error)
+            if failure is None:
+                raise
+            return Execution(case, outcome=failure)
+        if device != "meta" and self.max_buffer_bytes and oracles.buffer_bytes(declared, self.info.contract) > self.max_buffer_bytes:  # type: ignore[attr-defined]
             # Alignment rules can blow a few-block case up to GiBs; describe those at production scale instead.
-            return Execution(case, skipped=f"its buffers need more than {self.max_buffer_bytes} bytes")
-        return Execution(case, outcome=capture(lambda: self._run(case, torch.device(device), probe)))
+            return Execution(declared, skipped=f"its buffers need more than {self.max_buffer_bytes} bytes")
+        try:
+            return Execution(declared, outcome=capture(lambda: self._run(declared, torch.device(device), probe)))
+        except CaseMismatch as error:
+            return Execution(declared, case_error=str(error))
 
     def _run(self, case: Case, device: torch.device, probe: bool = False) -> Outcome:
         views, raw, used = self.prepare(case, device)()
@@ -363,8 +385,23 @@ class Adapter:
         self.worker.add_kv_sharing_layers_to_kv_cache_groups(sharing, config.kv_cache_groups)
         attn_groups = [self.attention_groups(index, group, spec, config)
                        for index, (group, spec) in enumerate(zip(case.groups, specs, strict=True))]
-        kernel_block_sizes = self.worker.prepare_kernel_block_sizes(config, attn_groups)
-        return lambda: self.make_views(case, config, attn_groups, kernel_block_sizes, device)
+        try:
+            kernel_block_sizes = self.worker.prepare_kernel_block_sizes(config, attn_groups)
+            used = self.kernel_sizes_used(attn_groups, kernel_block_sizes)
+        except ValueError as error:  # vLLM's rule finds no kernel block size for a backend: the case states one
+            stated = [g.kernel_block_size or g.spec.block_size for g in case.groups]
+            raise CaseMismatch(f"kernel_block_size: the case says {stated}, vLLM derives none ({error})".splitlines()[0]) from None
+        check_derived_kernel_sizes(case, used)
+
+        def views() -> tuple[dict[str, Any], list[torch.Tensor], dict[int, int]]:
+            made, raw = self.make_views(case, config, attn_groups, kernel_block_sizes, device)
+            return made, raw, used
+
+        return views
+
+    def kernel_sizes_used(self, attn_groups: list[list[Any]], kernel_block_sizes: list[int]) -> dict[int, int]:
+        """Each group's kernel block size as vLLM derives it for the views it binds."""
+        return dict(enumerate(kernel_block_sizes))
 
     def configure_layout(self, layout: str) -> None:
         pass
@@ -392,6 +429,17 @@ class Adapter:
                 layers_on[buffer].append(name)
         buffers = tuple(BufferRecord(size=b.untyped_storage().nbytes(), layers=tuple(layers)) for b, layers in zip(raw, layers_on, strict=True))
         return Outcome(views=records, buffers=buffers, kernel_block_sizes=used, aliases=aliases)
+
+
+def check_derived_kernel_sizes(case: Case, used: dict[int, int]) -> None:
+    """A case states each group's kernel block size; vLLM derives it from the backend and the block size. A case that
+    disagrees is a wrong case (CaseMismatch names the field and both values), not a finding about vLLM."""
+    for index, group in enumerate(case.groups):
+        derived = used.get(index)
+        stated = group.kernel_block_size or group.spec.block_size
+        if derived is not None and derived != stated:
+            raise CaseMismatch(f"groups[{index}].kernel_block_size: the case says {stated}, vLLM derives {derived} "
+                               f"for {group.backend_name} and block size {group.spec.block_size}")
 
 
 def record_view(tensor: torch.Tensor, buffers: dict[int, int]) -> ViewRecord:

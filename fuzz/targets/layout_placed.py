@@ -16,11 +16,14 @@ from typing import Any
 import torch
 
 from fuzz.case import Case, GroupCase, SyntheticBackend
-from fuzz.errors import Inexpressible
+from fuzz.errors import BrokenDeclaration, Inexpressible
 from fuzz.targets.base import BackendInfo
 from fuzz.targets.common import Adapter
-from oracles import pages
+from oracles import declarations, pages
 from oracles.contract import LAYOUT_PLACED, LAYOUT_PLACED_KERNEL_MAP
+
+# Cache dtypes whose state content is plain K and V of the model or cache dtype (no scales, no packing).
+PLAIN_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
 def probe() -> bool:
@@ -44,7 +47,17 @@ class LayoutPlacedTarget(Adapter):
 
     def describe_backend(self, name: str, cls: type) -> BackendInfo:
         layouts = cls.supported_kv_cache_layouts() if hasattr(cls, "supported_kv_cache_layouts") else None
-        return self.base_backend_info(name, cls, layouts=None if layouts is None else tuple(layout.name for layout in layouts))
+        return self.base_backend_info(name, cls, layouts=None if layouts is None else tuple(layout.name for layout in layouts),
+                                      asymmetric_kv=self._takes_asymmetric_heads(cls))
+
+    def _takes_asymmetric_heads(self, cls: type) -> bool:
+        """Whether the backend's customize_spec accepts K and V heads of different sizes (some assert they are equal)."""
+        trial = self.kv.FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, head_size_v=32, dtype=torch.bfloat16)
+        try:
+            self.customize(cls, trial) if self.customize else cls.customize_spec(trial)
+        except Exception:  # noqa: BLE001 - any refusal means: not for asymmetric heads
+            return False
+        return True
 
     def synthetic_namespace(self, backend: SyntheticBackend) -> dict[str, Any]:
         layouts = self.layouts
@@ -69,6 +82,7 @@ class LayoutPlacedTarget(Adapter):
             return group
         built = self.build_spec(group.spec)
         custom = self.customize(backend, built) if self.customize else backend.customize_spec(built)
+        self._check_published(group, built, custom)
         alignment = getattr(custom, "block_stride_alignment", None)
         spec = dataclasses.replace(
             group.spec,
@@ -79,6 +93,18 @@ class LayoutPlacedTarget(Adapter):
         )
         return dataclasses.replace(group, spec=_keep_padding_margin(group.spec, spec))
 
+    def _check_published(self, group: GroupCase, built: Any, custom: Any) -> None:
+        """The head slots and state bytes a backend publishes must hold exactly the heads' K and V (oracles/declarations.py)."""
+        if (custom.num_head_slots, custom.state_content_bytes) == (built.num_head_slots, built.state_content_bytes):
+            return
+        spec = group.spec
+        quantized = spec.kv_quant_mode != "none" or spec.cache_dtype not in PLAIN_CACHE_DTYPES
+        fault = declarations.published_fault(group.backend_name, quantized, built.num_kv_heads,
+                                             (built.head_size + built.head_size_v) * built.dtype.itemsize,
+                                             custom.num_heads, custom.state_content_size_bytes)
+        if fault is not None:
+            raise BrokenDeclaration("customize_spec", fault, group.layers[0])
+
     def configure_layout(self, layout: str) -> None:
         self.config.cache_config.kv_cache_layout = layout
 
@@ -88,8 +114,7 @@ class LayoutPlacedTarget(Adapter):
         return super().attention_groups(index, group, spec, config)
 
     def make_views(self, case: Case, config: Any, attn_groups: list[list[Any]], kernel_block_sizes: list[int],
-                   device: torch.device) -> tuple[dict[str, Any], list[torch.Tensor], dict[int, int]]:
-        used = self._bind_kernel_block_sizes(attn_groups, kernel_block_sizes)
+                   device: torch.device) -> tuple[dict[str, Any], list[torch.Tensor]]:
         kv_caches = self.worker.allocate_kv_cache(config, device, self.layouts[case.layout], kernel_block_sizes)
         for sharer, target in case.kv_sharing:
             kv_caches[sharer] = kv_caches[target]
@@ -98,9 +123,9 @@ class LayoutPlacedTarget(Adapter):
         # One backing allocation: every view's storage is it.
         first = next(iter(kv_caches.values()))
         backing = torch.empty(0, dtype=torch.int8, device=first.device).set_(first.untyped_storage())
-        return kv_caches, [backing], used
+        return kv_caches, [backing]
 
-    def _bind_kernel_block_sizes(self, attn_groups: list[list[Any]], group_sizes: list[int]) -> dict[int, int]:
+    def kernel_sizes_used(self, attn_groups: list[list[Any]], group_sizes: list[int]) -> dict[int, int]:
         """Each attention group's kernel block size, chosen as create_metadata_builders does."""
         used: dict[int, int] = {}
         for index, per_group in enumerate(attn_groups):

@@ -23,20 +23,25 @@ class CaseResult:
 
 def judge(execution: Execution, target_contract: oracles.Contract) -> CaseResult:
     """The verdict on one execution; the oracle sees only the declared case and the contract."""
+    case = execution.case
     if execution.skipped is not None:
-        return CaseResult(execution.case, Verdict("skipped", reason=execution.skipped))
-    if execution.refused is not None:
-        return CaseResult(execution.case, Verdict("rejected", reason=f"backend refused the spec: {execution.refused}"))
+        return CaseResult(case, Verdict("skipped", reason=execution.skipped))
+    if execution.case_error is not None:
+        return CaseResult(case, Verdict("case-error", reason=execution.case_error))
+    if execution.declaration is not None:
+        function, message, layer = execution.declaration
+        finding = Finding("declaration", spec_kind_of(case, layer), function, message, layer, case.is_latent)
+        return CaseResult(case, Verdict("finding", finding))
     assert execution.outcome is not None
-    expectation = oracles.expect(execution.case, target_contract)
-    verdict = compare(execution.case, expectation, execution.outcome)
+    expectation = oracles.expect(case, target_contract)
+    verdict = compare(case, expectation, execution.outcome)
     if verdict.status == "pass" and execution.outcome.probe is not None:
         difference = probe.check(expectation, execution.outcome)
         if difference is not None:
             layer = difference.split(":")[0]
-            verdict = Verdict("finding", Finding("probe-mismatch", spec_kind_of(execution.case, layer), "physical-probe", difference,
-                                                 layer, execution.case.is_latent))
-    return CaseResult(execution.case, verdict, expectation, execution.outcome)
+            verdict = Verdict("finding", Finding("probe-mismatch", spec_kind_of(case, layer), "physical-probe", difference,
+                                                 layer, case.is_latent))
+    return CaseResult(case, verdict, expectation, execution.outcome)
 
 
 def run_case(target: Target, case: Case, device: str = "cpu", probe: bool = False) -> CaseResult:
