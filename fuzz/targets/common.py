@@ -17,8 +17,9 @@ import torch
 
 import oracles
 from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend
-from fuzz.errors import Inexpressible
+from fuzz.errors import Inexpressible, TargetError
 from fuzz.targets.base import BackendInfo, BufferRecord, Execution, Outcome, TargetInfo, ViewRecord
+from fuzz.targets.calls import call_mismatch
 from fuzz.targets.probe import physical_probe, storage_key
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -118,6 +119,9 @@ def capture(call: Callable[[], Outcome]) -> Outcome:
     try:
         return call()
     except (Exception, SystemExit, KeyboardInterrupt) as error:
+        mismatch = call_mismatch(error)
+        if mismatch is not None:  # kvfuzz called vLLM wrongly: not an outcome of vLLM's
+            raise TargetError(mismatch) from None
         frames = traceback.extract_tb(error.__traceback__)
         vllm_frames = [f for f in frames if "/vllm/" in f.filename.replace("\\", "/")]
         function = (vllm_frames or frames)[-1].name if frames else "?"

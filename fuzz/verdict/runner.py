@@ -8,7 +8,7 @@ import oracles
 from fuzz.case import Case
 from fuzz.targets.base import Execution, Outcome, Target
 from fuzz.verdict import probe
-from fuzz.verdict.compare import Verdict, compare, spec_kind_of
+from fuzz.verdict.compare import PROCESS_FAILURES, Verdict, compare, spec_kind_of
 from fuzz.verdict.findings import Finding
 from oracles.expectation import Expectation
 
@@ -28,6 +28,14 @@ def judge(execution: Execution, target_contract: oracles.Contract) -> CaseResult
     if execution.refused is not None:
         return CaseResult(execution.case, Verdict("rejected", reason=f"backend refused the spec: {execution.refused}"))
     assert execution.outcome is not None
+    failure = PROCESS_FAILURES.get(execution.outcome.error_type or "")
+    if failure is not None:
+        # The process died, hung or ran out of memory: the case may never have been declared, and
+        # no expectation is needed to say so.
+        outcome, case = execution.outcome, execution.case
+        finding = Finding(failure, spec_kind_of(case, outcome.error_layer), outcome.error_function or "?", outcome.error_message or "",
+                          outcome.error_layer, case.is_latent)
+        return CaseResult(case, Verdict("finding", finding), None, outcome)
     expectation = oracles.expect(execution.case, target_contract)
     verdict = compare(execution.case, expectation, execution.outcome)
     if verdict.status == "pass" and execution.outcome.probe is not None:
