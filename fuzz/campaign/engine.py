@@ -157,6 +157,8 @@ class Campaign:
         self.options = options
         self.progress = progress
         self.known = corpus.known_signatures(options.corpus_dir)
+        # Files of earlier runs are never removed (an unconfirmed case found flaky now, or shrunk again, stays as it was).
+        self.inherited = set(options.corpus_dir.rglob("*.json")) if options.corpus_dir.exists() else set()
         target = {"spec": pool.source.spec, "label": pool.source.label, "vllm_version": self.info.vllm_version,
                   "generation": self.info.generation, "contract": self.info.contract.name}
         self.report = Report(target=target, workers=len(pool.fuzzers()))
@@ -357,9 +359,13 @@ class Campaign:
             self._fail(f"cannot write findings to {self.options.corpus_dir}: {error}; the report keeps the cases it could not write")
             return False
         if record.path is not None and path != record.path:
-            record.path.unlink(missing_ok=True)
+            self._remove(record.path)
         record.path, record.case, record.finding, record.minimized = path, case, finding, minimized
         return True
+
+    def _remove(self, path: Path) -> None:
+        if path not in self.inherited:
+            path.unlink(missing_ok=True)
 
     def _replace(self, record: FoundRecord, small: Case, finding: Finding) -> None:
         self._save(record, small, finding, minimized=True)  # the small case's own finding: its layer, numbers and latency
@@ -455,7 +461,7 @@ class Campaign:
         assert record.case is not None
         self.report.findings.remove(record)
         if not keep and record.path is not None:
-            record.path.unlink(missing_ok=True)
+            self._remove(record.path)
         self.report.flaky.append(FlakyRecord(record.finding, record.case, record.index, rerun, record.path if keep else None))
 
     def _shrink_process_failure(self, record: FoundRecord) -> None:

@@ -146,9 +146,13 @@ class Pool:
             lines = [line for line in (self.folder / "zygote.log").read_text(errors="replace").splitlines() if line.strip()]
         except OSError:
             lines = []
-        errors = [line for line in lines if "Error" in line]
-        last = (errors or lines or [""])[-1].strip()[:300]
-        code = self.zygote.poll() if self.zygote is not None else None
+        last = ([line for line in lines if "Error" in line] or [""])[-1].strip()[:300]
+        code = None
+        if self.zygote is not None:
+            try:  # its connection closes a moment before its exit status is there
+                code = self.zygote.wait(timeout=EXIT_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                pass
         ended = "" if code is None else (f"killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}")
         return "; ".join(filter(None, [ended, last])) or "exited"
 

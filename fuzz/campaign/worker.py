@@ -44,8 +44,8 @@ def connect(address: str) -> Connection:
 
 
 PR_SET_PDEATHSIG = 1
-# What vLLM's and torch's import may take on top of a worker's cap before the zygote counts as a memory hog.
-IMPORT_MEMORY = 2 << 30
+# What the zygote may allocate at least (vLLM's and torch's import takes well under it) before it counts as a memory hog.
+IMPORT_MEMORY = 3 << 29
 
 
 def die_with_parent(parent: int) -> None:
@@ -62,7 +62,7 @@ def die_with_parent(parent: int) -> None:
 def zygote_main(address: str, parent: int, max_memory: int) -> None:
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _limit_memory(max_memory + IMPORT_MEMORY if max_memory > 0 else 0)
+    _limit_memory(max(max_memory, IMPORT_MEMORY) if max_memory > 0 else 0)
     control = connect(address)
     try:
         from fuzz.targets import load_local
