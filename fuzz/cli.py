@@ -9,6 +9,7 @@ processes honours (fuzz.campaign.stop); a second one exits at once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -139,9 +140,13 @@ def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout, stderr: Tex
 
     handlers = {"run": commands.run, "replay": commands.replay, "explain": commands.explain, "minimize": commands.shrink,
                 "bisect": commands.bisect, "bench": commands.bench, "selftest": commands.selftest}
-    with stop.handling():
+    # The atheris engine handles Ctrl-C itself (its fuzzing child is no pool of ours).
+    atheris = args.command == "run" and args.engine == "atheris"
+    with contextlib.nullcontext() if atheris else stop.handling():
         try:
-            return handlers[args.command](args, stdout)
+            status = handlers[args.command](args, stdout)
+            signum = stop.requested()
+            return status if signum is None else stop.exit_status(signum)  # a run has its report: it returns that already
         except KvfuzzError as error:
             print(f"kvfuzz: error: {error}", file=stderr)
             return 2
