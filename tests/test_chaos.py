@@ -410,7 +410,7 @@ def busy_tree(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_at_a_random_moment_stops_the_campaign_with_its_report(busy_tree, signum, tmp_path):
     corpus, report_path = tmp_path / "corpus", tmp_path / "report.json"
     process = start_kvfuzz("run", "--vllm", str(busy_tree), "--max-time", "300", "--workers", "2", "--case-timeout", "2",
@@ -477,7 +477,8 @@ def in_namespace(script: str, timeout: float = 300) -> subprocess.CompletedProce
 
 @needs_namespaces
 @pytest.mark.parametrize(("prepare", "says"), [("mount -o remount,ro {mnt}", "Read-only file system"),
-                                              ("dd if=/dev/zero of={mnt}/filler bs=4k 2>/dev/null", "No space left on device")])
+                                              ("dd if=/dev/zero of={mnt}/filler bs=4k 2>/dev/null", "No space left on device")],
+                         ids=["read-only", "full"])
 def test_a_read_only_or_full_corpus_is_a_one_line_error_before_anything_starts(prepare, says, tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -491,7 +492,8 @@ def test_a_read_only_or_full_corpus_is_a_one_line_error_before_anything_starts(p
 
 @pytest.mark.slow
 @needs_namespaces
-@pytest.mark.parametrize(("spoil", "says"), [("dd if=/dev/zero of={mnt}/filler bs=4k 2>/dev/null", "No space left on device")])
+@pytest.mark.parametrize(("spoil", "says"), [("dd if=/dev/zero of={mnt}/filler bs=4k 2>/dev/null", "No space left on device")],
+                         ids=["full"])
 def test_a_corpus_that_becomes_full_keeps_the_finding_in_the_report(busy_tree, spoil, says, tmp_path):
     """A disk that fills up (or turns read-only: the same failed write) mid-run: the campaign stops, and
     the report keeps what could not be written."""
