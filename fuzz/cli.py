@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import TextIO
 
@@ -130,11 +131,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout, stderr: TextIO = sys.stderr) -> int:
+    started = time.monotonic()  # --max-time counts from here, kvfuzz's own imports included
     parser = _parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
         return 2 if exit_.code else 0
+    args.started = started
     from fuzz import commands
     from fuzz.campaign import stop
 

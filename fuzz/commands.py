@@ -76,7 +76,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     from fuzz.campaign.engine import Campaign, CampaignOptions, Report
     from fuzz.campaign.progress import Progress
 
-    deadline = time.monotonic() + args.max_time
+    deadline = getattr(args, "started", time.monotonic()) + args.max_time
     if args.ray is not None and args.engine == "atheris":
         raise UsageError("--ray goes with the default engine")
     if args.engine == "atheris":
