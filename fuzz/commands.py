@@ -91,7 +91,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     report = Report(target={"spec": args.vllm, "label": args.vllm, "vllm_version": "?", "generation": "?", "contract": "?"})
     with stop.handling():
         try:
-            with open_campaign_pool(args, start_timeout=min(START_TIMEOUT, args.max_time)) as pool:
+            with open_campaign_pool(args, start_timeout=max(1.0, min(START_TIMEOUT, deadline - time.monotonic()))) as pool:
                 assert pool.info is not None
                 label = pool.source.label
                 print(f"kvfuzz: {label}: vLLM {pool.info.vllm_version} ({pool.info.generation}, contract {pool.info.contract.name}), "

@@ -334,10 +334,10 @@ def test_a_target_that_hangs_while_imported_ends_the_run_on_time_with_a_report(t
     result, seconds = kvfuzz("run", "--vllm", str(tree), "--max-time", "8", "--corpus", str(tmp_path / "corpus"),
                              "--report", str(tmp_path / "report.json"), "--junit", str(tmp_path / "junit.xml"), "--quiet")
     assert result.returncode == 2, result
-    assert "did not start within 8 s" in one_error_line(result.stderr)
+    assert "did not start within" in one_error_line(result.stderr)
     assert seconds <= 8 + MARGIN
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["stop_reason"] == "error" and "did not start within 8 s" in report["error"]
+    assert report["stop_reason"] == "error" and "did not start within" in report["error"]
     assert "<error" in (tmp_path / "junit.xml").read_text()
 
 

@@ -381,7 +381,9 @@ class Campaign:
 
     def _on_loss(self, loss: Loss) -> None:
         """A worker died: record what killed it, let its batch go on after that case, then check the case again."""
-        batch = self.held.get(loss.worker)
+        if loss.worker not in self.held:
+            return  # the spare, idle: it comes back on its next case
+        batch = self.held[loss.worker]
         task = self.batches.get(batch) if batch is not None else None
         if task is None or loss.batch != batch or loss.index is None:
             self._resume(loss.worker, task, None)  # it died between cases: its batch starts over
@@ -479,7 +481,8 @@ class Campaign:
                 return None  # no time for a whole candidate: the minimizer stops at its deadline
             try:
                 return run_case(target, candidate, self.options.device).verdict.finding
-            except TargetError:
+            except Exception as error:  # noqa: BLE001 - a candidate kvfuzz cannot run or judge: reported, not kept
+                self.report.errors[f"shrinking: {type(error).__name__}: {error}".splitlines()[0][:200]] += 1
                 return None
 
         try:

@@ -7,9 +7,10 @@ memory cap (its resident size, read from /proc), kills it if needed, and tells t
 the worker was running at the time. A lost worker is replaced by a new fork.
 
 Every wait here has a deadline: the zygote's start (`start_timeout`), a worker's hello, and each
-case (`case_timeout`, for batches and for `execute` alike); no wait lasts longer than a fraction of a
-second without looking at the stop request (fuzz.campaign.stop), and a wait it cuts short raises
-`Stopped`. A worker can also be stopped on purpose (`interrupt`): that is no finding.
+case (`case_timeout`, for batches and for `execute` alike). The zygote's start and `execute` look at
+the stop request (fuzz.campaign.stop) every WAIT_STEP seconds and raise `Stopped` when there is one;
+the campaign polls in steps as short. A worker can also be stopped on purpose (`interrupt`): that
+is no finding.
 """
 
 from __future__ import annotations
@@ -53,7 +54,6 @@ class WorkerHandle:
     status: int | None = None  # exit status, once the zygote reported it
     killed_for: str | None = None  # "hang", "oom" or "stopped" when the pool killed it
     task: dict[str, Any] = field(default_factory=dict)
-    sent: float = 0.0  # when its current work was sent (monotonic)
 
 
 Message = tuple[int, str, dict[str, Any]]  # (worker, name, payload)
@@ -113,7 +113,7 @@ class Pool:
         what = "the target process did not start"
         self.control = self._accept(deadline, self.start_timeout, what)
         if not self._wait_on([self.control], deadline, what):
-            raise TargetError(f"--vllm {self.source.spec}: {what} within {self.start_timeout:g} s (stuck importing vLLM?)")
+            raise TargetError(f"--vllm {self.source.spec}: {what} within {self.start_timeout:.0f} s (stuck importing vLLM?)")
         try:
             name, payload = protocol.receive(self.control)
         except (EOFError, OSError):
@@ -136,7 +136,7 @@ class Pool:
 
     def _accept(self, deadline: float, limit: float, what: str) -> Connection:
         if not self._wait_on([self.listener], deadline, what):
-            raise TargetError(f"--vllm {self.source.spec}: {what} within {limit:g} s")
+            raise TargetError(f"--vllm {self.source.spec}: {what} within {limit:.0f} s")
         sock, _ = self.listener.accept()
         return Connection(sock.detach())
 
@@ -262,7 +262,7 @@ class Pool:
     def send(self, handle: WorkerHandle, name: str, payload: dict[str, Any]) -> None:
         assert handle.conn is not None
         if name in (protocol.FUZZ, protocol.EXECUTE):
-            handle.busy, handle.task, handle.sent = True, payload, time.monotonic()
+            handle.busy, handle.task = True, payload
         protocol.send(handle.conn, name, payload)
 
     def poll(self, timeout: float) -> tuple[list[Message], list[Loss]]:
