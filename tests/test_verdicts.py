@@ -94,7 +94,8 @@ def test_an_internal_error_keeps_its_case_and_fails_the_run_with_status_2(tmp_pa
     campaign = Campaign(pool, CampaignOptions(corpus_dir=tmp_path / "findings", seed=4))  # type: ignore[arg-type]
     case = case_of(SpecCase(kind="full", block_size=16), synthetic=SyntheticBackend("any"))
     item = {"error": "KeyError: 'l0'", "index": 7, "case": to_dict(case)}
-    campaign._on_batch(0, {"batch": 1, "done": 8, "elapsed": 0.1, "errors": {"KeyError: 'l0'": 2}, "internal": [item, item]})
+    campaign._on_batch(0, {"batch": 1, "done": 8, "elapsed": 0.1, "verdicts": {"pass": 6, "internal-error": 2},
+                           "errors": {"KeyError: 'l0'": 2}, "internal": [item, item]})
     data = campaign.report.to_dict()
     kept = data["internal_error_cases"]["KeyError: 'l0'"]
     assert json.loads(open(kept).read())["index"] == 7 and kept.startswith(str(tmp_path / "internal-errors"))

@@ -51,7 +51,7 @@ def known_findings(tmp_path):
 def test_short_campaign_has_no_unexplained_finding(kvfuzz_target, known_findings, tmp_path):
     report_path = tmp_path / "report.json"
     out = io.StringIO()
-    code = main(["run", "--max-cases", "400", "--seed", "3", "--device", "cpu", "--corpus", str(known_findings),
+    code = main(["run", "--max-cases", "400", "--max-time", "300", "--seed", "3", "--device", "cpu", "--corpus", str(known_findings),
                  "--report", str(report_path), "--junit", str(tmp_path / "junit.xml"), "--quiet"], stdout=out)
     report = json.loads(report_path.read_text())
     assert report["cases"] == 400
@@ -63,7 +63,7 @@ def test_short_campaign_has_no_unexplained_finding(kvfuzz_target, known_findings
 def test_a_minimized_finding_names_a_layer_of_its_own_case(tmp_path):
     # With no known findings, the latent findings of the installed release are new again.
     report_path = tmp_path / "report.json"
-    main(["run", "--max-cases", "400", "--seed", "3", "--device", "cpu", "--corpus", str(tmp_path / "findings"),
+    main(["run", "--max-cases", "400", "--max-time", "300", "--seed", "3", "--device", "cpu", "--corpus", str(tmp_path / "findings"),
           "--report", str(report_path), "--quiet"], stdout=io.StringIO())
     findings = json.loads(report_path.read_text())["findings"]
     assert findings

@@ -22,8 +22,9 @@ from typing import Any
 import torch
 
 from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend, evaluate_shape, parse_shape_entry
-from fuzz.errors import Inexpressible
+from fuzz.errors import Inexpressible, TargetError
 from fuzz.targets.base import BackendInfo
+from fuzz.targets.calls import entry_parameters
 from fuzz.targets.common import Adapter, unique_buffers
 from oracles.contract import SHAPED_019, SHAPED_020, SHAPED_021, SHAPED_022, SHAPED_027, Contract
 
@@ -49,11 +50,14 @@ class BackendShapedTarget(Adapter):
 
         self.attn_utils = attn_utils
         self.set_layout = set_kv_cache_layout
-        params = list(inspect.signature(attn_utils._reshape_kv_cache).parameters)
+        params = entry_parameters(attn_utils._reshape_kv_cache, "_reshape_kv_cache")
+        if params[0] not in ("attn_groups", "kv_cache_config"):
+            raise TargetError(f"vLLM's _reshape_kv_cache{inspect.signature(attn_utils._reshape_kv_cache)} fits none of the "
+                              "generations kvfuzz knows (G1-G4)")
         self.takes_groups = params[0] == "attn_groups"
         self.takes_kernel_sizes = "kernel_block_sizes" in params
         self.takes_config = self.takes_groups and "kv_cache_config" in params
-        self.allocate_takes_sharing = "shared_layers" in inspect.signature(attn_utils._allocate_kv_cache).parameters
+        self.allocate_takes_sharing = "shared_layers" in entry_parameters(attn_utils._allocate_kv_cache, "_allocate_kv_cache")
         self.generation = ("G4" if self.takes_config else "G3") if self.takes_groups else ("G2" if self.takes_kernel_sizes else "G1")
         self.contract = self._probe_contract()
         super().__init__()

@@ -19,8 +19,9 @@ import torch
 
 import oracles
 from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend
-from fuzz.errors import BrokenDeclaration, CaseMismatch, Inexpressible
+from fuzz.errors import BrokenDeclaration, CaseMismatch, Inexpressible, TargetError
 from fuzz.targets.base import BackendInfo, BufferRecord, Execution, Outcome, TargetInfo, ViewRecord
+from fuzz.targets.calls import call_mismatch
 from fuzz.targets.probe import physical_probe, storage_key
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -123,6 +124,9 @@ def capture(call: Callable[[], Outcome]) -> Outcome:
     except CaseMismatch:
         raise
     except (Exception, SystemExit, KeyboardInterrupt) as error:
+        mismatch = call_mismatch(error)
+        if mismatch is not None:  # kvfuzz called vLLM wrongly: not an outcome of vLLM's
+            raise TargetError(mismatch) from None
         outcome = vllm_failure(error)
         if outcome is None:
             raise
@@ -143,13 +147,22 @@ def vllm_failure(error: BaseException) -> Outcome | None:
 
 
 def _vllm_path(filename: str) -> str | None:
-    """`filename` relative to the loaded vllm/ package folder (posix), None outside it.
+    """`filename` relative to the loaded vllm package (posix), None outside it.
 
-    Code objects carry the path the module was imported by, as vllm/__init__.py does."""
-    root = getattr(sys.modules.get("vllm"), "__file__", None)
-    if root:
-        folder = os.path.dirname(root) + os.sep
-        return filename[len(folder):].replace(os.sep, "/") if filename.startswith(folder) else None
+    The package's folders are where it was imported from, the folder its `__file__` names and its
+    `__path__` (a checkout that wraps a release names the release's folder in the last two); code
+    objects carry the path they were imported by."""
+    package = sys.modules.get("vllm")
+    spec = getattr(package, "__spec__", None)
+    candidates = [getattr(spec, "origin", None), getattr(package, "__file__", None)]
+    folders = {os.path.dirname(path) for path in candidates if path}
+    folders.update(getattr(package, "__path__", ()) or ())
+    for folder in folders:
+        prefix = folder.rstrip(os.sep) + os.sep
+        if filename.startswith(prefix):
+            return filename[len(prefix):].replace(os.sep, "/")
+    if folders:
+        return None
     parts = filename.replace("\\", "/").rsplit("/vllm/", 1)
     return parts[1] if len(parts) == 2 else None
 

@@ -10,7 +10,6 @@ alias their target, and (0.32+) map_kv_caches_to_kernel_blocks gives the views b
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Any
 
 import torch
@@ -18,6 +17,7 @@ import torch
 from fuzz.case import Case, GroupCase, SyntheticBackend
 from fuzz.errors import BrokenDeclaration, Inexpressible
 from fuzz.targets.base import BackendInfo
+from fuzz.targets.calls import entry_parameters
 from fuzz.targets.common import Adapter
 from oracles import declarations, pages
 from oracles.contract import LAYOUT_PLACED, LAYOUT_PLACED_KERNEL_MAP
@@ -40,7 +40,7 @@ class LayoutPlacedTarget(Adapter):
         self.layouts = KVCacheLayout
         self.kernel_map = getattr(self.worker, "map_kv_caches_to_kernel_blocks", None)
         self.customize = getattr(self.worker, "customize_attention_spec", None)
-        self.select_takes_specs = "kv_cache_specs" in inspect.signature(self.worker.select_common_block_size).parameters
+        self.select_takes_specs = "kv_cache_specs" in entry_parameters(self.worker.select_common_block_size, "select_common_block_size")
         self.generation = "G6" if self.kernel_map else "G5"
         self.info = self.target_info(LAYOUT_PLACED_KERNEL_MAP if self.kernel_map else LAYOUT_PLACED,
                                      tuple(layout.name for layout in KVCacheLayout))

@@ -8,7 +8,7 @@ import oracles
 from fuzz.case import Case
 from fuzz.targets.base import Execution, Outcome, Target
 from fuzz.verdict import probe
-from fuzz.verdict.compare import Verdict, compare, spec_kind_of
+from fuzz.verdict.compare import PROCESS_FAILURES, Verdict, compare, spec_kind_of
 from fuzz.verdict.findings import Finding
 from oracles.expectation import Expectation
 
@@ -33,6 +33,14 @@ def judge(execution: Execution, target_contract: oracles.Contract) -> CaseResult
         finding = Finding("declaration", spec_kind_of(case, layer), function, message, layer, case.is_latent)
         return CaseResult(case, Verdict("finding", finding))
     assert execution.outcome is not None
+    failure = PROCESS_FAILURES.get(execution.outcome.error_type or "")
+    if failure is not None:
+        # The process died, hung or ran out of memory: the case may never have been declared, and
+        # no expectation is needed to say so.
+        outcome = execution.outcome
+        finding = Finding(failure, spec_kind_of(case, outcome.error_layer), outcome.error_function or "?", outcome.error_message or "",
+                          outcome.error_layer, case.is_latent)
+        return CaseResult(case, Verdict("finding", finding), None, outcome)
     expectation = oracles.expect(case, target_contract)
     verdict = compare(case, expectation, execution.outcome)
     if verdict.status == "pass" and execution.outcome.probe is not None:
