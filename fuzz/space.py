@@ -24,9 +24,9 @@ import random
 from collections.abc import Sequence
 from typing import NoReturn, Protocol, TypeVar
 
-from fuzz.case import DTYPE_SIZES, MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend
+from fuzz.case import DTYPE_SIZES, MLA_KINDS, WINDOWED_KINDS, Case, GroupCase, SpecCase, SyntheticBackend
 from fuzz.targets.base import BackendInfo, TargetInfo
-from oracles import pages
+from oracles import dtypes, pages
 
 T = TypeVar("T")
 
@@ -50,20 +50,12 @@ SYNTHETIC_SHAPES: dict[bool, tuple[tuple[tuple[int | str, ...], tuple[tuple[int,
     True: ((("B", "T", "D"), ((0, 1, 2),)),),
 }
 
-# Cache dtype string -> (storage dtype or None for the model dtype, KV quant mode).
-CACHE_DTYPES: dict[str, tuple[str | None, str]] = {
-    "auto": (None, "none"),
-    "float16": ("float16", "none"),
-    "bfloat16": ("bfloat16", "none"),
-    "fp8": ("uint8", "fp8_per_tensor"),
-    "fp8_e4m3": ("uint8", "fp8_per_tensor"),
-    "fp8_e5m2": ("uint8", "fp8_per_tensor"),
-    "int8_per_token_head": ("int8", "int8_per_token_head"),
-    "fp8_per_token_head": ("uint8", "fp8_per_token_head"),
-    "fp8_ds_mla": ("uint8", "fp8_per_tensor"),
-}
-# Bytes per stored token of the fp8_ds_mla format: DeepSeek V3.2, and V4 (model_version set).
-DS_MLA_BYTES = {None: 656, "deepseek_v4": 584}
+# Cache dtypes, quant modes and their storage come from the target (TargetInfo.cache_dtypes,
+# quant_modes: the release's own tables); what a dtype's page holds comes from its definition
+# (oracles/dtypes.py). Storage dtypes kvfuzz's own registered cache dtypes may declare:
+REGISTERED_STORAGE = ("uint8", "int8", "float8_e4m3fn", "bfloat16", "float16")
+# Head sizes for formats that group a head's elements (scale groups, 64-dim rotation blocks).
+ROTATED_HEAD_SIZES = (64, 128, 256)
 KIND_ORDER = ("full", "sliding_window", "mla", "sliding_window_mla", "chunked_local", "sink", "cross", "encoder_only", "mamba")
 LAYOUT_ORDER = ("LBNHC", "LBHNC", "BLNHC", "BLHNC", "BHLNC", "LHBNC", "NHD", "HND")
 MAX_BUFFER_BYTES = 1 << 20
@@ -214,8 +206,10 @@ def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, la
             source.reject()
     else:
         candidates = [b for b in info.backends if b.is_mla == mla and (cache_dtype is None or cache_dtype in b.cache_dtypes)]
-        # A synthetic backend declares one latent per slot, which the fp8_ds_mla format is not.
-        use_synthetic = synthetic and cache_dtype != "fp8_ds_mla" and (not candidates or source.chance(20))
+        # A synthetic backend declares one latent per slot, which DeepSeek's MLA records are not, and
+        # on backend-shaped releases plain elements only.
+        fits_synthetic = cache_dtype is None or (cache_dtype not in dtypes.DS_MLA_RECORDS and not (shaped and _scaled(cache_dtype)))
+        use_synthetic = synthetic and fits_synthetic and (not candidates or source.chance(20))
         if not use_synthetic and not candidates:
             source.reject()
         backend = None if use_synthetic else source.choice(candidates)
@@ -243,40 +237,48 @@ def _attention_spec(source: Source, info: TargetInfo, kind: str, backend: Backen
                     cache_dtype: str | None, production: bool = False, block_sizes: tuple[int, ...] = BLOCK_SIZES) -> SpecCase:
     mla = kind in MLA_KINDS
     block_size = source.choice(block_sizes)
-    if backend is None:
-        model_dtype = source.choice(ALL_DTYPES)
-        cache = cache_dtype if cache_dtype is not None and CACHE_DTYPES[cache_dtype][0] is None else "auto"
-    else:
-        model_dtype = source.choice(ordered(backend.model_dtypes, ALL_DTYPES) or ["bfloat16"])
-        cache = cache_dtype or source.choice(ordered([c for c in backend.cache_dtypes if c in CACHE_DTYPES], tuple(CACHE_DTYPES)) or ["auto"])
-    storage, quant = CACHE_DTYPES[cache]
-    fields: dict[str, object] = {"kind": kind, "block_size": block_size, "dtype": storage or model_dtype, "cache_dtype": cache,
-                                 "kv_quant_mode": quant if info.can(kind, "kv_quant_mode") else "none"}
+    model_dtype = source.choice(ordered(backend.model_dtypes, ALL_DTYPES) or ["bfloat16"]) if backend else source.choice(ALL_DTYPES)
+    fields: dict[str, object] = {"kind": kind, "block_size": block_size, **_cache_dtype_fields(source, info, kind, backend, shaped, cache_dtype,
+                                                                                                 model_dtype)}
+    cache = str(fields["cache_dtype"])
     if mla:
         fields["num_kv_heads"] = 1
         fields["head_size"] = source.choice(MLA_HEAD_SIZES)
         compresses = (backend is None or backend.compresses) and info.can(kind, "compress_ratio")
         ratio = source.choice([r for r in (1, *COMPRESS_RATIOS, block_size) if block_size % r == 0]) if compresses else 1
         fields["compress_ratio"] = ratio
-        if cache == "fp8_ds_mla":
-            # The format of DeepSeek V3.2 (656 B per token) and V4 (584 B, its own backends);
-            # sliding-window MLA exists only in V4.
+        if cache in dtypes.DS_MLA_RECORDS:
+            # DeepSeek's record formats: V3.2's and V4's (the latter on V4's own, compressing
+            # backends); sliding-window MLA exists only in V4.
             v4 = backend is not None and backend.compresses
-            if backend is None or (kind == "sliding_window_mla" and not v4):
+            records = dtypes.DS_MLA_RECORDS[cache].get("deepseek_v4" if v4 else None)
+            if backend is None or not records or (kind == "sliding_window_mla" and not v4):
                 source.reject()
             version = "deepseek_v4" if v4 else None
             if version is not None or info.can(kind, "model_version"):
                 fields["model_version"] = version
-            fields["state_content_bytes"] = DS_MLA_BYTES[version]
+            fields["state_content_bytes"] = source.choice(records)
         elif kind == "mla" and ratio > 1 and info.can(kind, "model_version"):
             fields["model_version"] = "deepseek_v4"
         if info.can(kind, "alignment") and source.chance(40):
             fields["alignment"] = source.choice((576, 512))
+        if info.can(kind, "topk_buffer_width") and source.chance(10):
+            fields["topk_buffer_width"] = source.choice((2048, 2176))
     else:
         fields["num_kv_heads"] = source.choice(PRODUCTION_HEADS) if production else source.integer(1, 4)
         fields["head_size"] = source.choice((128, 256, 64, 512) if production else HEAD_SIZES)
         if not shaped and info.can(kind, "head_size_v") and source.chance(30):
             fields["head_size_v"] = source.choice(HEAD_SIZES)
+    definition = dtypes.definition(cache)
+    if definition is not None and not mla and definition.head_multiple > 1 and int(fields["head_size"]) % definition.head_multiple:  # type: ignore[call-overload]
+        # Formats that group a head's elements (scales, rotation blocks) need whole groups.
+        fields["head_size"] = source.choice(ROTATED_HEAD_SIZES)
+    if definition is not None and not mla and definition.head_multiple > 1 and (fields.get("head_size_v") or 0) % definition.head_multiple:  # type: ignore[operator]
+        fields["head_size_v"] = None
+    if cache.startswith("octave_") and not mla:
+        fields["rope_dim"] = source.choice(range(64, int(fields["head_size"]) + 1, 64))  # type: ignore[call-overload]
+    if info.can(kind, "is_draft") and source.chance(5):
+        fields["is_draft"] = True
     fields.update(_kind_fields(source, kind))
     spec = SpecCase(**fields)  # type: ignore[arg-type]
     if not mla and not shaped and source.chance(25):
@@ -286,8 +288,57 @@ def _attention_spec(source: Source, info: TargetInfo, kind: str, backend: Backen
     return spec
 
 
+def _cache_dtype_fields(source: Source, info: TargetInfo, kind: str, backend: BackendInfo | None, shaped: bool, cache_dtype: str | None,
+                        model_dtype: str) -> dict[str, object]:
+    """The cache dtype of a group, with the storage dtype the release gives it and the quant mode
+    its definition means (as this release names it): from the backend's list for a real backend,
+    from every dtype the release accepts for a synthetic one, or one kvfuzz registers itself."""
+    mla = kind in MLA_KINDS
+    if cache_dtype is not None:
+        choices = [cache_dtype]
+    elif backend is not None:
+        choices = [c for c in backend.cache_dtypes if c in info.cache_dtypes] or ["auto"]
+    else:
+        if info.registers_dtypes and source.chance(15):
+            return _registered_dtype(source, info, kind)
+        # A synthetic backend declares plain elements on backend-shaped releases, and one
+        # latent per slot (which DeepSeek's MLA records are not).
+        choices = [c for c in info.cache_dtypes if c not in dtypes.DS_MLA_RECORDS and not (shaped and _scaled(c))] or ["auto"]
+    choices = [c for c in choices if _applies(c, mla)] or ["auto"]
+    cache = source.choice(ordered(choices, tuple(info.cache_dtypes)))
+    definition = dtypes.definition(cache)
+    quant = "none"
+    if info.can(kind, "kv_quant_mode") and definition is not None:
+        quant = dtypes.quant_mode_in(definition, info.quant_modes) or definition.quant_modes[0]
+    storage = info.cache_dtypes.get(cache)
+    return {"cache_dtype": cache, "dtype": storage or model_dtype, "kv_quant_mode": quant}
+
+
+def _registered_dtype(source: Source, info: TargetInfo, kind: str) -> dict[str, object]:
+    storage = source.choice(REGISTERED_STORAGE)
+    quant = source.choice(info.quant_modes) if info.can(kind, "kv_quant_mode") else "none"
+    return {"cache_dtype": f"kvfuzz_{storage}_{quant}", "dtype": storage, "kv_quant_mode": quant, "registered_cache_dtype": True}
+
+
+def _scaled(cache: str) -> bool:
+    definition = dtypes.definition(cache)
+    return definition is not None and not definition.plain
+
+
+def _applies(cache: str, mla: bool) -> bool:
+    """False only for a dtype whose definition says it is no format of this kind of cache (NVFP4 and
+    the K+V slot formats of attention heads, the record formats of MLA); an unknown dtype is drawn,
+    and its cases are skipped with that reason."""
+    definition = dtypes.definition(cache)
+    if definition is None:
+        return True
+    probe = dtypes.Geometry(head_size=128, head_size_v=0 if mla else 128, element=1, mla=mla, rope_dim=64,
+                            record=next(iter(dtypes.DS_MLA_RECORDS.get(cache, {None: (None,)}).values()))[0])
+    return definition.content_bytes(probe) is not None
+
+
 def _kind_fields(source: Source, kind: str) -> dict[str, object]:
-    if kind in ("sliding_window", "sliding_window_mla"):
+    if kind in WINDOWED_KINDS:
         return {"sliding_window": source.choice((128, 1024))}
     if kind == "chunked_local":
         return {"attention_chunk_size": source.choice((256, 1024))}
@@ -338,8 +389,8 @@ def unrealistic(case: Case, info: TargetInfo) -> str | None:
                 return f"{backend.name} serves no compressed cache"
             if spec.cache_dtype not in backend.cache_dtypes:
                 return f"{backend.name} takes no {spec.cache_dtype} cache"
-        elif spec.cache_dtype == "fp8_ds_mla":
-            return "the fp8_ds_mla format needs its own backend"
+        elif spec.cache_dtype in dtypes.DS_MLA_RECORDS:
+            return f"the {spec.cache_dtype} format needs its own backend"
         sizes = group.synthetic_backend.kernel_block_sizes if group.synthetic_backend else backend.kernel_block_sizes  # type: ignore[union-attr]
         want = spec.block_size if spec.kind == "encoder_only" else choose_kernel_block_size(spec.block_size, sizes)
         if group.kernel_block_size != want:

@@ -2,8 +2,10 @@
 
 A block of `block_size` tokens stores `states = block_size / compress_ratio` states for each of
 `heads` head slots; a state is `content` bytes. The page is heads x states x content bytes,
-optionally padded (explicit `page_size_padded`, or MLA `alignment` rounding). Derived from the
-spec fields alone; see oracles/contract.py for what differs between vLLM generations.
+optionally padded (explicit `page_size_padded`, or MLA `alignment` rounding). The content of a
+state is what the backend published for it (`state_content_bytes`, with `num_head_slots`), else
+what the cache dtype's definition says a token of a head occupies (oracles/dtypes.py). Derived
+from the spec fields alone; see oracles/contract.py for what differs between vLLM generations.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from fuzz.case import DTYPE_SIZES, SpecCase
+from oracles import dtypes
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -39,14 +42,48 @@ def element_size(spec: SpecCase) -> int:
 
 def content_bytes(spec: SpecCase) -> int:
     if spec.kind == "mamba":
-        return sum(math.prod(shape) * DTYPE_SIZES[dtype] for shape, dtype in zip(spec.mamba_shapes, spec.mamba_dtypes, strict=False))
+        return sum(round_up(math.prod(shape) * DTYPE_SIZES[dtype], spec.state_alignment)
+                   for shape, dtype in zip(spec.mamba_shapes, spec.mamba_dtypes, strict=False))
     if spec.state_content_bytes is not None:
         return spec.state_content_bytes
+    defined = defined_content_bytes(spec)
+    # A dtype without a definition is never judged (targets skip its cases); the plain size here
+    # only sizes buffers while drawing.
+    return defined if defined is not None else _plain_bytes(spec)
+
+
+def dtype_definition(spec: SpecCase) -> dtypes.Definition | None:
+    if spec.registered_cache_dtype:
+        return dtypes.registered(spec.kv_quant_mode)
+    return dtypes.definition(spec.cache_dtype)
+
+
+def defined_content_bytes(spec: SpecCase) -> int | None:
+    """Bytes of one state (a token of one KV head) by the cache dtype's definition; None when the
+    oracle has no definition of that dtype for this spec."""
+    definition = dtype_definition(spec)
+    return None if definition is None else definition.content_bytes(_geometry(spec))
+
+
+def defined_unpadded_bytes(spec: SpecCase) -> int | None:
+    """The page before padding by the dtype's definition alone: KV heads x states x content,
+    whatever slots a backend splits it into."""
+    content = defined_content_bytes(spec)
+    return None if content is None else spec.num_kv_heads * states(spec, spec.block_size) * content
+
+
+def _geometry(spec: SpecCase) -> dtypes.Geometry:
     value_head = spec.head_size_v
     if value_head is None:
         # MLA stores one latent vector per token; other kinds store K and V of equal size.
         value_head = 0 if spec.is_mla else spec.head_size
-    return (spec.head_size + value_head) * DTYPE_SIZES[spec.dtype]
+    return dtypes.Geometry(head_size=spec.head_size, head_size_v=value_head, element=DTYPE_SIZES[spec.dtype], mla=spec.is_mla,
+                           rope_dim=spec.rope_dim, record=spec.state_content_bytes)
+
+
+def _plain_bytes(spec: SpecCase) -> int:
+    geometry = _geometry(spec)
+    return (geometry.head_size + geometry.head_size_v) * geometry.element
 
 
 def heads(spec: SpecCase) -> int:

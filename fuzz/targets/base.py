@@ -44,6 +44,14 @@ class TargetInfo:
     # Case fields (beyond the basics) each spec kind can express on this target.
     spec_fields: dict[str, tuple[str, ...]] = field(default_factory=dict)
     kv_sharing: bool = True
+    # Checks this target cannot run, one line each: "name: why" (an entry point was not found).
+    checks_off: tuple[str, ...] = ()
+    # The cache dtypes the release accepts, each with the torch dtype it stores (None: the model's).
+    cache_dtypes: dict[str, str | None] = field(default_factory=lambda: {"auto": None})
+    # KVQuantMode member names (lower case), aliases included.
+    quant_modes: tuple[str, ...] = ("none",)
+    # Whether kvfuzz can register cache dtypes of its own with the release's handler registry.
+    registers_dtypes: bool = False
 
     def backend(self, name: str) -> BackendInfo | None:
         return next((b for b in self.backends if b.name == name), None)
@@ -73,6 +81,10 @@ class TargetInfo:
             layouts=tuple(data["layouts"]),
             spec_fields={k: tuple(v) for k, v in data.get("spec_fields", {}).items()},
             kv_sharing=data.get("kv_sharing", True),
+            checks_off=tuple(data.get("checks_off", ())),
+            cache_dtypes=dict(data.get("cache_dtypes", {"auto": None})),
+            quant_modes=tuple(data.get("quant_modes", ("none",))),
+            registers_dtypes=bool(data.get("registers_dtypes", False)),
         )
 
 
@@ -112,6 +124,8 @@ class Outcome:
     error_layer: str | None = None  # the layer vLLM was working on when it raised, if it says
     # Physical probe: per layer and tensor, the byte ranges each element was read back from.
     probe: dict[str, Any] | None = None
+    # Per group index: what the spec vLLM built for it says (kv_quant_mode, unpadded page bytes).
+    specs: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def raised(self) -> bool:
@@ -139,6 +153,7 @@ class Outcome:
             error_function=data.get("error_function"),
             error_layer=data.get("error_layer"),
             probe=data.get("probe"),
+            specs={int(k): dict(v) for k, v in data.get("specs", {}).items()},
         )
 
 

@@ -11,6 +11,7 @@ KINDS = (
     "crash-signal",
     "hang",
     "oom",
+    "spec-mismatch",
     "crash-on-valid",
     "crash-on-invalid",
     "accepted-invalid",

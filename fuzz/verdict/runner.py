@@ -10,6 +10,7 @@ from fuzz.targets.base import Execution, Outcome, Target
 from fuzz.verdict import probe
 from fuzz.verdict.compare import Verdict, compare, spec_kind_of
 from fuzz.verdict.findings import Finding
+from fuzz.verdict.specs import check_specs
 from oracles.expectation import Expectation
 
 
@@ -29,7 +30,8 @@ def judge(execution: Execution, target_contract: oracles.Contract) -> CaseResult
         return CaseResult(execution.case, Verdict("rejected", reason=f"backend refused the spec: {execution.refused}"))
     assert execution.outcome is not None
     expectation = oracles.expect(execution.case, target_contract)
-    verdict = compare(execution.case, expectation, execution.outcome)
+    mismatch = check_specs(execution.case, execution.outcome)
+    verdict = Verdict("finding", mismatch) if mismatch is not None else compare(execution.case, expectation, execution.outcome)
     if verdict.status == "pass" and execution.outcome.probe is not None:
         difference = probe.check(expectation, execution.outcome)
         if difference is not None:
