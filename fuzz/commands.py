@@ -86,6 +86,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
               f"{len(pool.workers)} worker(s) on {args.device}, seed {args.seed}", file=out, flush=True)
         for line in pool.info.checks_off:
             print(f"kvfuzz: check off: {line}", file=out, flush=True)
+        if pool.info.uncovered:
+            print(f"kvfuzz: not drawn (outside the case space): {', '.join(pool.info.uncovered)}", file=out, flush=True)
         progress = None if args.quiet else Progress(out, max_time=args.max_time, max_cases=args.max_cases)
         report = Campaign(pool, options, progress=progress).run()
         if progress is not None:

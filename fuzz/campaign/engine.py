@@ -111,7 +111,8 @@ class Campaign:
         self.progress = progress
         self.known = corpus.known_signatures(options.corpus_dir)
         target = {"spec": pool.source.spec, "label": pool.source.label, "vllm_version": self.info.vllm_version,
-                  "generation": self.info.generation, "contract": self.info.contract.name, "checks_off": list(self.info.checks_off)}
+                  "generation": self.info.generation, "contract": self.info.contract.name, "checks_off": list(self.info.checks_off),
+                  "uncovered": list(self.info.uncovered)}
         self.report = Report(target=target, workers=len(pool.workers))
         self.next_index = 0
         self.batches: dict[int, dict[str, Any]] = {}  # batch id -> task

@@ -52,6 +52,10 @@ class TargetInfo:
     quant_modes: tuple[str, ...] = ("none",)
     # Whether kvfuzz can register cache dtypes of its own with the release's handler registry.
     registers_dtypes: bool = False
+    # Where the probe found each vLLM entry point kvfuzz drives: role -> module.name.
+    entry_points: dict[str, str] = field(default_factory=dict)
+    # Layout inputs the release defines that kvfuzz's case space does not draw (never silently).
+    uncovered: tuple[str, ...] = ()
 
     def backend(self, name: str) -> BackendInfo | None:
         return next((b for b in self.backends if b.name == name), None)
@@ -85,6 +89,8 @@ class TargetInfo:
             cache_dtypes=dict(data.get("cache_dtypes", {"auto": None})),
             quant_modes=tuple(data.get("quant_modes", ("none",))),
             registers_dtypes=bool(data.get("registers_dtypes", False)),
+            entry_points=dict(data.get("entry_points", {})),
+            uncovered=tuple(data.get("uncovered", ())),
         )
 
 

@@ -308,8 +308,6 @@ class Adapter:
 
     def target_info(self, contract: Any, layouts: tuple[str, ...], kv_sharing: bool = True) -> TargetInfo:
         unknown = self._unknown_spec_classes()
-        if unknown:
-            self.off["spec classes"] = f"{', '.join(unknown)} in vLLM {self.vllm_version} are not in kvfuzz's case space"
         return TargetInfo(
             vllm_version=self.vllm_version,
             generation=self.generation,
@@ -323,6 +321,8 @@ class Adapter:
             cache_dtypes=self.cache_dtype_catalog(),
             quant_modes=self.quant_mode_names(),
             registers_dtypes=self.registry is not None and "registered cache dtypes" not in self.off,
+            entry_points=self.probe.located(),
+            uncovered=tuple(f"spec class {name}" for name in unknown),
         )
 
     def _unknown_spec_classes(self) -> list[str]:

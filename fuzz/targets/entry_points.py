@@ -14,8 +14,8 @@ import importlib
 import importlib.util
 import inspect
 import re
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -115,6 +115,10 @@ class Probe:
         if found is None:
             raise TargetError(f"vLLM {self.version}: {self.missing(role)}; nothing kvfuzz checks can run without it")
         return found.obj
+
+    def located(self) -> dict[str, str]:
+        """Every entry point looked up so far that was found: role -> module.name."""
+        return {role: found.where for role, found in sorted(self._found.items()) if found is not None}
 
     def missing(self, role: str) -> str:
         wanted = ENTRY_POINTS[role]
@@ -223,14 +227,3 @@ def _parameters(obj: Any) -> tuple[str, ...]:
         return tuple(inspect.signature(inspect.unwrap(obj)).parameters)
     except (TypeError, ValueError):
         return ()
-
-
-@dataclass(frozen=True)
-class Check:
-    """A named check a target can run, and the entry points it needs."""
-
-    name: str
-    needs: tuple[str, ...]
-    # Whether the release has the feature at all (so a missing entry point is a check off, not
-    # a release that predates the feature): evidence read from what was found.
-    applies: Callable[[Probe], bool] = field(default=lambda probe: True)
