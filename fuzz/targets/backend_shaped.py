@@ -57,12 +57,12 @@ class BackendShapedTarget(Adapter):
         self.takes_config = self.takes_groups and reshape.takes("kv_cache_config")
         self.allocate_takes_sharing = allocate.takes("shared_layers")
         self.generation = ("G4" if self.takes_config else "G3") if self.takes_groups else ("G2" if self.takes_kernel_sizes else "G1")
+        self.contract = self._probe_contract(entry_points)
         super().__init__(entry_points)
         if self.attention_group is None:
             raise TargetError(f"vLLM {self.vllm_version}: {entry_points.missing('AttentionGroup')}; {reshape.where} needs it")
         if not reshape.takes("shared_kv_cache_layers"):
             self.off["kv-sharing"] = f"{reshape.where} takes no shared_kv_cache_layers; cases with KV-sharing layers are not drawn"
-        self.contract = self._probe_contract(entry_points)
         # A backend's declaration depends only on these arguments: ask it once per combination.
         self._declared: dict[tuple[Any, ...], tuple[tuple[int | str, ...], tuple[int, ...]]] = {}
         self.info = self.target_info(self.contract, ("NHD", "HND"))
@@ -107,6 +107,8 @@ class BackendShapedTarget(Adapter):
         if len(dtypes) > 1:
             return "field cache_dtype: this vLLM takes one cache dtype for every layer"
         for group in case.groups:
+            if group.synthetic_backend is not None and group.synthetic_backend.shape is None and group.spec.is_attention:
+                return "field synthetic_backend.shape: this vLLM's backends declare their cache shape, and this synthetic one declares none"
             definition = pages.dtype_definition(group.spec)
             if group.synthetic_backend is not None and group.spec.is_attention and definition is not None and not definition.plain:
                 # A synthetic backend declares its shape in heads and head sizes, which holds no scales or packed elements.

@@ -21,6 +21,7 @@ import torch
 import oracles
 from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend, layout_as
 from fuzz.errors import Inexpressible
+from fuzz.space import choose_kernel_block_size
 from fuzz.targets.base import BackendInfo, BufferRecord, Execution, Outcome, TargetInfo, ViewRecord
 from fuzz.targets.entry_points import Probe
 from fuzz.targets.probe import physical_probe, storage_key
@@ -370,13 +371,24 @@ class Adapter:
         )
 
     def translate(self, case: Case) -> Case | str:
-        """The case in this release's terms (a layout under the name the release gives it), or why
-        the release cannot express it."""
+        """The case in this release's terms, or why the release cannot express it (naming the field):
+        the layout under the name the release gives it, and each real backend's kernel block size
+        as this release's backend declares it (vLLM's rule picks it from the backend's sizes)."""
         info: TargetInfo = self.info  # type: ignore[attr-defined]
         layout = layout_as(case.layout, info.layouts)
         if layout is None:
-            return f"layout {case.layout}: no equivalent among this vLLM's ({', '.join(info.layouts)})"
-        return case if layout == case.layout else dataclasses.replace(case, layout=layout)
+            return f"field layout: {case.layout} has no equivalent among this vLLM's ({', '.join(info.layouts)})"
+        groups = []
+        for group in case.groups:
+            backend = info.backend(group.backend) if group.backend else None
+            if backend is not None and group.spec.kind != "encoder_only":
+                kernel = choose_kernel_block_size(group.spec.block_size, backend.kernel_block_sizes)
+                if kernel is None:
+                    return (f"field kernel_block_size: {backend.name} of vLLM {info.vllm_version} has none for "
+                            f"{group.spec.block_size}-token blocks")
+                group = dataclasses.replace(group, kernel_block_size=kernel)
+            groups.append(group)
+        return dataclasses.replace(case, layout=layout, groups=tuple(groups))
 
     def unsupported(self, case: Case) -> str | None:
         info: TargetInfo = self.info  # type: ignore[attr-defined]
@@ -386,9 +398,9 @@ class Adapter:
         for group in case.groups:
             spec = group.spec
             if spec.kind not in info.spec_kinds:
-                return f"spec kind {spec.kind} is not in vLLM {info.vllm_version}"
+                return f"field kind: {spec.kind} specs are not in vLLM {info.vllm_version}"
             if group.backend is not None and group.backend not in self.backend_classes:
-                return f"backend {group.backend} is not importable here"
+                return f"field backend: {group.backend} is not importable here"
             for field, default in FIELD_DEFAULTS.items():
                 if getattr(spec, field) != default and not info.can(spec.kind, field) and not self.implied(spec, field):
                     return f"field {field}: {spec.kind} specs of vLLM {info.vllm_version} have none"
