@@ -254,6 +254,8 @@ def _attention_spec(source: Source, info: TargetInfo, kind: str, backend: Backen
             records = dtypes.DS_MLA_RECORDS[cache].get("deepseek_v4" if v4 else None)
             if backend is None or not records or (kind == "sliding_window_mla" and not v4):
                 source.reject()
+            if not info.can(kind, "state_content_bytes"):
+                records = records[:1]  # before 0.28 the model version alone names the record
             version = "deepseek_v4" if v4 else None
             if version is not None or info.can(kind, "model_version"):
                 fields["model_version"] = version

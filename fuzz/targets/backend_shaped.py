@@ -136,12 +136,25 @@ class BackendShapedTarget(Adapter):
         if not group.spec.is_attention or group.synthetic_backend is not None:
             return group
         group = self._customized(group)
-        key = (group.backend, group.spec.num_kv_heads, group.spec.head_size, self.layer_cache_dtype(group.spec), layout)
+        value_head = self._set_value_head_size(group)
+        key = (group.backend, group.spec.num_kv_heads, group.spec.head_size, self.layer_cache_dtype(group.spec), layout, value_head)
         declared = self._declared.get(key)
         if declared is None:
             self.configure_layout(layout)
             declared = self._declared[key] = self._declaration(self.backend_class(group), *key[1:4])
         return replace(group, declared_shape=declared[0], declared_stride_order=declared[1])
+
+    def _set_value_head_size(self, group: GroupCase) -> int | None:
+        """Backends for models whose V heads differ from K heads (DiffKV) read the V head size from a
+        class attribute the model sets (set_head_size_v) rather than from their arguments; set it as
+        the model does, for this case, before the backend is asked or used."""
+        backend = self.backend_class(group)
+        setter = getattr(backend, "set_head_size_v", None)
+        if setter is None:
+            return None
+        value_head = group.spec.head_size_v if group.spec.head_size_v is not None else group.spec.head_size
+        setter(value_head)
+        return value_head
 
     def _customized(self, group: GroupCase) -> GroupCase:
         """The fields the backend publishes for its spec (customize_spec, 0.28): state content and slots."""
