@@ -308,7 +308,10 @@ class Adapter:
     # ------------------------------------------------------------------ shared
 
     def target_info(self, contract: Any, layouts: tuple[str, ...], kv_sharing: bool = True) -> TargetInfo:
-        unknown = self._unknown_spec_classes()
+        uncovered = [f"spec class {name}" for name in self._unknown_spec_classes()]
+        if self.probe.spec_class("HiSparseHotSpec") is not None:
+            # Its host pool is pinned memory and its binding needs attention layers and block tables.
+            uncovered.append("HiSparse caches (init_hisparse_kv_cache)")
         return TargetInfo(
             vllm_version=self.vllm_version,
             generation=self.generation,
@@ -323,7 +326,7 @@ class Adapter:
             quant_modes=self.quant_mode_names(),
             registers_dtypes=self.registry is not None and "registered cache dtypes" not in self.off,
             entry_points=self.probe.located(),
-            uncovered=tuple(f"spec class {name}" for name in unknown),
+            uncovered=tuple(uncovered),
         )
 
     def _unknown_spec_classes(self) -> list[str]:

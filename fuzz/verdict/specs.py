@@ -25,15 +25,16 @@ def check_specs(case: Case, outcome: Outcome) -> Finding | None:
         if spec.kind == "mamba":
             continue
         layer = group.layers[0]
-
-        def mismatch(message: str) -> Finding:
-            return Finding("spec-mismatch", spec.kind, "kv_cache_spec", message, layer, case.is_latent)  # noqa: B023
-
+        # A dtype kvfuzz registers has a name of its own making; the finding names what it is.
+        dtype = "a registered cache dtype" if spec.registered_cache_dtype else f"cache dtype {spec.cache_dtype}"
         mode = facts.get("kv_quant_mode")
         if mode is not None and mode != spec.kv_quant_mode:
-            return mismatch(f"cache dtype {spec.cache_dtype}: kv_quant_mode {mode} instead of {spec.kv_quant_mode}")
+            # The mode comes from the dtype alone (vLLM's lookup), whatever the spec class: one signature.
+            return Finding("spec-mismatch", "attention", "get_kv_quant_mode", f"{dtype}: kv_quant_mode {mode} instead of {spec.kv_quant_mode}",
+                           layer, case.is_latent)
         page = facts.get("page_bytes")
         defined = pages.defined_unpadded_bytes(spec)
         if page is not None and defined is not None and page != defined:
-            return mismatch(f"cache dtype {spec.cache_dtype}: a page of {page} bytes before padding instead of {defined}")
+            return Finding("spec-mismatch", spec.kind, "kv_cache_spec", f"{dtype}: a page of {page} bytes before padding instead of {defined}",
+                           layer, case.is_latent)
     return None
