@@ -322,11 +322,13 @@ def _registered_dtype(source: Source, info: TargetInfo, kind: str) -> dict[str, 
     return {"cache_dtype": f"kvfuzz_{storage}_{quant}", "dtype": storage, "kv_quant_mode": quant, "registered_cache_dtype": True}
 
 
+@functools.lru_cache(maxsize=256)
 def _scaled(cache: str) -> bool:
     definition = dtypes.definition(cache)
     return definition is not None and not definition.plain
 
 
+@functools.lru_cache(maxsize=512)
 def _applies(cache: str, mla: bool) -> bool:
     """False only for a dtype whose definition says it is no format of this kind of cache (NVFP4 and
     the K+V slot formats of attention heads, the record formats of MLA); an unknown dtype is drawn,
