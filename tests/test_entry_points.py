@@ -171,3 +171,18 @@ def test_a_missing_shared_layer_wiring_turns_that_check_off_and_fuzzes_the_rest(
     out = io.StringIO()
     assert main(["replay", str(shared), "--vllm", str(root), "--device", "cpu"], stdout=out) == 0
     assert out.getvalue().startswith("skipped") and "check kv-sharing is off" in out.getvalue()
+
+
+def test_a_wrapper_that_forwards_is_called_positionally_unless_its_parameters_decide_the_call(tmp_path):
+    root = fake_vllm(tmp_path, {
+        "vllm/v1/worker/utils.py": "def allocate_kv_cache(kv_cache_config, *args, **kwargs):\n    return 'views'\n",
+        "vllm/v1/worker/gpu/attn_utils.py": "def _reshape_kv_cache(kv_cache_config, kv_cache_raw_tensors, *args, cache_dtype='auto'):\n"
+                                            "    pass\n",
+    })
+    code = ("from fuzz.errors import TargetError\nfrom fuzz.targets.entry_points import Probe\nprobe = Probe('9.0.0')\n"
+            "print(probe.find('allocation').where)\n"
+            "try:\n    probe.find('legacy reshape')\nexcept TargetError as error:\n    print(error)\n")
+    lines = probe_in(root, code).stdout.splitlines()
+    assert lines[0] == "vllm.v1.worker.utils.allocate_kv_cache"
+    assert lines[1] == ("vLLM 9.0.0: vllm.v1.worker.gpu.attn_utils._reshape_kv_cache forwards *args/**kwargs (even unwrapped) and its "
+                        "parameters decide how kvfuzz calls it; kvfuzz will not guess")

@@ -37,6 +37,9 @@ class Wanted:
     params: tuple[tuple[str, ...], ...] = ()
     # For a class: attributes it must have.
     attributes: tuple[str, ...] = ()
+    # The parameters decide how kvfuzz calls it (which generation, which arguments): a signature
+    # that forwards *args / **kwargs cannot say, so it stops kvfuzz instead of being guessed at.
+    exact: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,17 +64,18 @@ INTERFACE = "vllm.v1.kv_cache_interface"
 
 ENTRY_POINTS: dict[str, Wanted] = {w.role: w for w in (
     Wanted("planner", ("get_kv_cache_config_from_groups",), ("vllm.v1.core.kv_cache_planning", "vllm.v1.core.kv_cache_utils"),
-           params=(("vllm_config",), ("kv_cache_groups",), ("available_memory", "num_blocks"))),
+           params=(("vllm_config",), ("kv_cache_groups",), ("available_memory", "num_blocks")), exact=True),
     Wanted("kernel-block choice", ("prepare_kernel_block_sizes",), (WORKER_UTILS,), params=(("kv_cache_config",), ("attn_groups",))),
-    Wanted("common block size", ("select_common_block_size",), (WORKER_UTILS,), params=(("kv_manager_block_size",), ("backends",))),
+    Wanted("common block size", ("select_common_block_size",), (WORKER_UTILS,), params=(("kv_manager_block_size",), ("backends",)),
+           exact=True),
     Wanted("allocation", ("allocate_kv_cache",), (WORKER_UTILS,), params=(("kv_cache_config",), ("device",), ("layout",))),
     Wanted("view creation", ("create_kv_cache_views",), (INTERFACE,), params=(("spec",), ("num_blocks",), ("layout",))),
     Wanted("kernel-block mapping", ("map_kv_caches_to_kernel_blocks",), (WORKER_UTILS,), params=(("kv_caches",), ("attn_groups",))),
     Wanted("shared-layer wiring", ("add_kv_sharing_layers_to_kv_cache_groups",), (WORKER_UTILS,),
            params=(("shared_kv_cache_layers",), ("kv_cache_groups",))),
     Wanted("spec customization", ("customize_attention_spec",), (WORKER_UTILS,), params=(("backend",), ("spec", "kv_cache_spec"))),
-    Wanted("legacy allocation", ("_allocate_kv_cache",), (ATTN_UTILS,), params=(("kv_cache_config",), ("device",))),
-    Wanted("legacy reshape", ("_reshape_kv_cache",), (ATTN_UTILS,), params=(("kv_cache_raw_tensors",), ("cache_dtype",))),
+    Wanted("legacy allocation", ("_allocate_kv_cache",), (ATTN_UTILS,), params=(("kv_cache_config",), ("device",)), exact=True),
+    Wanted("legacy reshape", ("_reshape_kv_cache",), (ATTN_UTILS,), params=(("kv_cache_raw_tensors",), ("cache_dtype",)), exact=True),
     Wanted("legacy layout hint", ("set_kv_cache_layout",), ("vllm.v1.attention.backends.utils",), params=(("cache_layout",),)),
     Wanted("KVCacheLayout", ("KVCacheLayout",), ("vllm.v1.kv_cache_layout", INTERFACE), attributes=("LBNHC",)),
     Wanted("AttentionGroup", ("AttentionGroup",), (WORKER_UTILS,), attributes=()),
@@ -168,8 +172,12 @@ class Probe:
             return True
         if not callable(obj):
             return False
-        parameters = _signature_parameters(obj, where, self.version)
-        return all(any(spelling in parameters for spelling in accepted) for accepted in wanted.params)
+        parameters, forwards = _signature_parameters(obj, where, self.version)
+        if forwards and wanted.exact:
+            raise TargetError(f"vLLM {self.version}: {where} forwards *args/**kwargs (even unwrapped) and its parameters decide how "
+                              "kvfuzz calls it; kvfuzz will not guess")
+        # A function that forwards *args / **kwargs takes whatever kvfuzz passes it positionally.
+        return forwards or all(any(spelling in parameters for spelling in accepted) for accepted in wanted.params)
 
     def _defining_modules(self, names: tuple[str, ...]) -> list[str]:
         pattern = re.compile(r"^(?:async\s+def|def|class)\s+(%s)\b|^(%s)\s*[:=]" % ("|".join(names), "|".join(names)), re.MULTILINE)
@@ -207,9 +215,10 @@ def _module_files(package: str, root: Path) -> Iterator[tuple[str, Path]]:
         yield ".".join((package, *parts)), path
 
 
-def _signature_parameters(obj: Any, where: str, version: str) -> tuple[str, ...]:
-    """The named parameters of a function (through its decorators); TargetError when the
-    signature says nothing (only *args / **kwargs), since kvfuzz must never guess a generation."""
+def _signature_parameters(obj: Any, where: str, version: str) -> tuple[tuple[str, ...], bool]:
+    """The named parameters of a function (through its decorators) and whether it also forwards
+    *args / **kwargs; TargetError when the signature says nothing (only *args / **kwargs), since
+    kvfuzz must never guess a generation."""
     try:
         signature = inspect.signature(inspect.unwrap(obj))
     except (TypeError, ValueError):
@@ -217,7 +226,7 @@ def _signature_parameters(obj: Any, where: str, version: str) -> tuple[str, ...]
     named = tuple(p.name for p in signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
     if not named and signature.parameters:
         raise TargetError(f"vLLM {version}: {where} takes only *args/**kwargs (even unwrapped); kvfuzz will not guess how to call it")
-    return named
+    return named, len(named) != len(signature.parameters)
 
 
 def _parameters(obj: Any) -> tuple[str, ...]:
