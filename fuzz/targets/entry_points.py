@@ -180,16 +180,22 @@ class Probe:
         return forwards or all(any(spelling in parameters for spelling in accepted) for accepted in wanted.params)
 
     def _defining_modules(self, names: tuple[str, ...]) -> list[str]:
-        pattern = re.compile(r"^(?:async\s+def|def|class)\s+(%s)\b|^(%s)\s*[:=]" % ("|".join(names), "|".join(names)), re.MULTILINE)
-        modules = []
+        return sorted({module for name in names for module in self._definitions.get(name, ())})
+
+    @cached_property
+    def _definitions(self) -> dict[str, list[str]]:
+        """Every name defined at the top level of a searched module (def, class or assignment) ->
+        the modules defining it; read once, from the source, without importing anything."""
+        pattern = re.compile(r"^(?:(?:async\s+)?def|class)\s+(\w+)|^(\w+)\s*(?::[^=\n]*)?=", re.MULTILINE)
+        index: dict[str, list[str]] = {}
         for module_name, path in self._sources:
             try:
                 text = path.read_text(errors="replace")
             except OSError:
                 continue
-            if pattern.search(text):
-                modules.append(module_name)
-        return modules
+            for match in pattern.finditer(text):
+                index.setdefault(match.group(1) or match.group(2), []).append(module_name)
+        return index
 
     @cached_property
     def _sources(self) -> list[tuple[str, Path]]:
