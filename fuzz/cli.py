@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from fuzz.errors import KvfuzzError
 
@@ -80,7 +81,8 @@ def _parser() -> argparse.ArgumentParser:
 
     replay = sub.add_parser("replay", help="re-run corpus files")
     target_options(replay)
-    replay.add_argument("path", type=Path, help="a case file or a folder of them")
+    replay.add_argument("path", type=Path, nargs="?", help="a case file or a folder of them")
+    replay.add_argument("--builtin-corpus", action="store_true", help="replay the corpus shipped with kvfuzz instead of PATH")
     replay.add_argument("--probe", choices=("metadata", "physical"), default="metadata")
     replay.add_argument("--shrink-into", type=Path, help="minimize every unexpected finding and save it in this corpus folder")
 
@@ -117,7 +119,30 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--scaling-cases", type=_positive(int), default=4000, help="cases per worker-scaling campaign")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
+    _ci_parser(sub, target_options)
     return parser
+
+
+def _ci_parser(sub: Any, target_options: Callable[[argparse.ArgumentParser], None]) -> None:
+    from fuzz.ci import DEFAULT_BUDGET, DEFAULT_CORPUS
+
+    ci = sub.add_parser("ci", help="guard a vLLM change: corpus gate, a time-boxed campaign, new findings checked against a baseline")
+    target_options(ci)
+    ci.add_argument("--budget", type=_positive(float), default=DEFAULT_BUDGET,
+                    help=f"seconds of fuzzing (default {DEFAULT_BUDGET:g}: a pull request on 2 cores)")
+    ci.add_argument("--baseline", metavar="SPEC",
+                    help="the vLLM the change started from (a release, 'installed' or a checkout such as the merge base): "
+                         "a failure it has too is pre-existing, not the change's")
+    ci.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS,
+                    help=f"the CI corpus kept between runs: replayed with the built-in one, new findings go to its findings/ "
+                         f"(default {DEFAULT_CORPUS})")
+    ci.add_argument("--sarif", type=Path, help="write SARIF 2.1.0 here (code scanning)")
+    ci.add_argument("--junit", type=Path, help="write JUnit XML here")
+    ci.add_argument("--summary", type=Path, help="write the Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)")
+    ci.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
+    ci.add_argument("--workers", type=_workers, default="auto", help="campaign worker processes, or 'auto' (default: one per core)")
+    ci.add_argument("--no-synthetic", action="store_true", help="draw only vLLM's own backends")
+    ci.add_argument("--quiet", action="store_true", help="no campaign progress output")
 
 
 def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout, stderr: TextIO = sys.stderr) -> int:
@@ -129,7 +154,7 @@ def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout, stderr: Tex
     from fuzz import commands
 
     handlers = {"run": commands.run, "replay": commands.replay, "explain": commands.explain, "minimize": commands.shrink,
-                "bisect": commands.bisect, "bench": commands.bench, "selftest": commands.selftest}
+                "bisect": commands.bisect, "bench": commands.bench, "selftest": commands.selftest, "ci": commands.ci}
     try:
         return handlers[args.command](args, stdout)
     except KvfuzzError as error:

@@ -120,7 +120,7 @@ def _write_reports(args: argparse.Namespace, data: dict[str, object]) -> int:
 def _run_atheris(args: argparse.Namespace, out: TextIO) -> int:
     from fuzz.engines.atheris_engine import run_atheris
 
-    if args.workers != 1 or args.probe != "metadata" or args.probe_every or args.scale != "small":
+    if args.workers not in (None, 1) or args.probe != "metadata" or args.probe_every or args.scale != "small":
         raise UsageError("--engine atheris runs one process with metadata checks at small scale "
                          "(no --workers, --probe physical, --probe-every or --scale production)")
     data = run_atheris(releases.resolve(args.vllm), device=args.device, max_time=args.max_time, seed=args.seed, corpus_dir=args.corpus,
@@ -133,9 +133,7 @@ def replay(args: argparse.Namespace, out: TextIO) -> int:
     from fuzz.corpus.replay import replay_entry
     from fuzz.corpus.store import entries, expected_signatures
 
-    if not args.path.exists():
-        raise UsageError(f"{args.path}: no such file or folder")
-    found = list(entries(args.path))
+    found = list(entries(_replay_path(args)))
     failures = 0
     with open_pool(args) as pool:
         target = RemoteTarget(pool)
@@ -147,6 +145,21 @@ def replay(args: argparse.Namespace, out: TextIO) -> int:
             if outcome.finding is not None and args.shrink_into:
                 print(f"{'':10} shrunk into {_shrink_finding(target, entry.case, outcome.finding, args)}", file=out)
     return 1 if failures else 0
+
+
+def _replay_path(args: argparse.Namespace) -> Path:
+    """PATH, or with --builtin-corpus the corpus shipped with kvfuzz."""
+    if args.builtin_corpus:
+        if args.path is not None:
+            raise UsageError("give PATH or --builtin-corpus, not both")
+        from fuzz.corpus.builtin import builtin_corpus
+
+        return builtin_corpus()
+    if args.path is None:
+        raise UsageError("replay needs PATH (a case file or a folder of them) or --builtin-corpus")
+    if not args.path.exists():
+        raise UsageError(f"{args.path}: no such file or folder")
+    return args.path
 
 
 def _shrink_finding(target: RemoteTarget, case: Case, finding: Finding, args: argparse.Namespace) -> Path:
@@ -255,3 +268,25 @@ def bench(args: argparse.Namespace, out: TextIO) -> int:
         for key, value in figures.items():
             print(f"{key:32} {value:,.2f}" if isinstance(value, float) else f"{key:32} {value}", file=out)
     return 0
+
+
+def ci(args: argparse.Namespace, out: TextIO) -> int:
+    """Guard a vLLM change: corpus gate, campaign, reruns in fresh processes, baseline (fuzz/ci)."""
+    from fuzz import __version__
+    from fuzz.ci.junit import write_junit
+    from fuzz.ci.run import CiOptions, run_ci
+    from fuzz.ci.sarif import write_sarif
+    from fuzz.ci.summary import markdown, terminal
+
+    options = CiOptions(vllm=args.vllm, baseline=args.baseline, budget=args.budget, corpus=args.corpus, device=args.device, seed=args.seed,
+                        workers=_worker_count(args), synthetic=not args.no_synthetic, case_timeout=args.case_timeout,
+                        max_memory=args.max_memory * MIB, quiet=args.quiet)
+    result = run_ci(options, out)
+    if args.summary:
+        args.summary.write_text(markdown(result))
+    if args.sarif:
+        write_sarif(args.sarif, result, __version__)
+    if args.junit:
+        write_junit(args.junit, result)
+    print(terminal(result), file=out)
+    return result.exit_status

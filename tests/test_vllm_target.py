@@ -100,7 +100,7 @@ def test_explain_prints_both_sides(kvfuzz_target):
     case = CORPUS / "seeds" / "dsv4-ratio128-1728-page.json"
     assert main(["explain", str(case), "--device", "cpu"], stdout=out) == 0
     text = out.getvalue()
-    assert "(2, 1, 2, 584)" in text and "[1728, 584, 584, 1]" in text
+    assert "(2, 1, 2, 584)" in text and "(1728, 584, 584, 1)" in text and text.count("(2, 1, 2, 584)") == 2
     data_out = io.StringIO()
     main(["explain", str(case), "--device", "cpu", "--json"], stdout=data_out)
     layer = json.loads(data_out.getvalue())["layers"]["l0"]

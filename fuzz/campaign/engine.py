@@ -98,6 +98,7 @@ class CampaignOptions:
     max_buffer_bytes: int = 1 << 30
     # Shrinking a case that kills its worker costs a restart or a whole case timeout per candidate.
     shrink_seconds: float = 60.0
+    known: frozenset[str] = frozenset()  # signatures not to report as new, beside those in corpus_dir
 
 
 class Campaign:
@@ -109,7 +110,7 @@ class Campaign:
         self.info: TargetInfo = pool.info
         self.options = options
         self.progress = progress
-        self.known = corpus.known_signatures(options.corpus_dir)
+        self.known = corpus.known_signatures(options.corpus_dir) | options.known
         target = {"spec": pool.source.spec, "label": pool.source.label, "vllm_version": self.info.vllm_version,
                   "generation": self.info.generation, "contract": self.info.contract.name, "checks_off": list(self.info.checks_off),
                   "uncovered": list(self.info.uncovered)}

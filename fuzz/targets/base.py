@@ -128,6 +128,9 @@ class Outcome:
     error_message: str | None = None
     error_function: str | None = None
     error_layer: str | None = None  # the layer vLLM was working on when it raised, if it says
+    # Where vLLM raised: the innermost vLLM frame, its path relative to the vllm/ package folder.
+    error_file: str | None = None
+    error_line: int | None = None
     # Physical probe: per layer and tensor, the byte ranges each element was read back from.
     probe: dict[str, Any] | None = None
     # Per group index: what the spec vLLM built for it says (kv_quant_mode, unpadded page bytes).
@@ -158,6 +161,8 @@ class Outcome:
             error_message=data.get("error_message"),
             error_function=data.get("error_function"),
             error_layer=data.get("error_layer"),
+            error_file=data.get("error_file"),
+            error_line=data.get("error_line"),
             probe=data.get("probe"),
             specs={int(k): dict(v) for k, v in data.get("specs", {}).items()},
         )

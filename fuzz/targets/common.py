@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import sys
 import traceback
 import typing
 from collections.abc import Callable
@@ -156,11 +158,23 @@ def capture(call: Callable[[], Outcome]) -> Outcome:
         return call()
     except (Exception, SystemExit, KeyboardInterrupt) as error:
         frames = traceback.extract_tb(error.__traceback__)
-        vllm_frames = [f for f in frames if "/vllm/" in f.filename.replace("\\", "/")]
-        function = (vllm_frames or frames)[-1].name if frames else "?"
+        innermost = (frames[-1], None) if frames else (None, None)
+        frame, path = next(((f, path) for f in reversed(frames) if (path := _vllm_path(f.filename)) is not None), innermost)
         message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return Outcome(error_type=type(error).__name__, error_message=message[:500], error_function=function,
-                       error_layer=_layer_in_flight(error))
+        return Outcome(error_type=type(error).__name__, error_message=message[:500], error_function=frame.name if frame else "?",
+                       error_layer=_layer_in_flight(error), error_file=path, error_line=frame.lineno if frame and path else None)
+
+
+def _vllm_path(filename: str) -> str | None:
+    """`filename` relative to the loaded vllm/ package folder (posix), None outside it.
+
+    Code objects carry the path the module was imported by, as vllm/__init__.py does."""
+    root = getattr(sys.modules.get("vllm"), "__file__", None)
+    if root:
+        folder = os.path.dirname(root) + os.sep
+        return filename[len(folder):].replace(os.sep, "/") if filename.startswith(folder) else None
+    parts = filename.replace("\\", "/").rsplit("/vllm/", 1)
+    return parts[1] if len(parts) == 2 else None
 
 
 def _layer_in_flight(error: BaseException) -> str | None:

