@@ -42,6 +42,8 @@ def counts(info: TargetInfo, sample: int = SAMPLE, seed: int = 1) -> Counter[str
             drawn["backend=" + (group.backend or "synthetic")] += 1
             drawn["cache=" + ("registered" if spec.registered_cache_dtype else spec.cache_dtype)] += 1
             drawn["quant=" + spec.kv_quant_mode] += 1
+            drawn["topk_buffer_width"] += spec.topk_buffer_width is not None
+            drawn["is_draft"] += spec.is_draft
     return drawn
 
 
@@ -49,7 +51,8 @@ def test_every_option_of_0_33_is_drawn():
     newest, previous = release_info("0.33.0"), release_info("0.32.0")
     drawn = counts(newest)
     wanted = (["cache=" + name for name in newest.cache_dtypes] + ["quant=" + mode for mode in newest.quant_modes]
-              + ["layout=" + name for name in newest.layouts] + ["backend=" + b.name for b in newest.backends] + ["cache=registered"])
+              + ["layout=" + name for name in newest.layouts] + ["backend=" + b.name for b in newest.backends] + ["cache=registered"]
+              + ["topk_buffer_width", "is_draft"])  # the spec fields 0.33 added
     print("\n".join(f"{option:40} {drawn[option]}" for option in sorted(wanted)))
     assert not [option for option in wanted if drawn[option] == 0], {option: drawn[option] for option in wanted}
     added = (set(newest.cache_dtypes) - set(previous.cache_dtypes)) | (set(newest.quant_modes) - set(previous.quant_modes))

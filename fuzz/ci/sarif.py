@@ -23,6 +23,7 @@ RULES = {
     "crash-signal": "The target process died of a signal (segfault, abort) or exited.",
     "hang": "The target did not finish the case within the case timeout.",
     "oom": "The target process ran out of memory.",
+    "spec-mismatch": "vLLM built a KV-cache spec whose quant mode or page is not what the case's cache dtype defines.",
     "crash-on-valid": "vLLM raised on a KV-cache configuration it must support.",
     "crash-on-invalid": "vLLM failed deep inside torch or arithmetic on a configuration it should refuse with a message.",
     "accepted-invalid": "vLLM built views for a configuration its layout contract cannot express.",
