@@ -164,7 +164,7 @@ def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_grou
         attention_page = pages.page(groups[0].spec).page_bytes
         depth = max(len(g.layers) for g in groups)
         for _ in range(mamba_groups):
-            spec = _mamba_spec(source, groups[0].spec.block_size, attention_page)
+            spec = _mamba_spec(source, groups[0].spec.block_size, attention_page, info)
             names = tuple(f"g{len(groups)}.l{j}" for j in range(depth + source.integer(0, 1)))
             groups.append(GroupCase(spec=spec, layers=names, kernel_block_size=spec.block_size))
     group_pages = [pages.page(g.spec) for g in groups]
@@ -364,15 +364,21 @@ def _synthetic_backend(source: Source, info: TargetInfo, mla: bool, shaped: bool
                             layouts=layouts, shape=shape, stride_order=order)
 
 
-def _mamba_spec(source: Source, block_size: int, attention_page: int) -> SpecCase:
+def _mamba_spec(source: Source, block_size: int, attention_page: int, info: TargetInfo | None = None) -> SpecCase:
     shapes = source.choice(MAMBA_SHAPES)
-    dtypes = tuple(source.choice(MAMBA_DTYPES) for _ in shapes)
-    spec = SpecCase(kind="mamba", block_size=block_size, mamba_shapes=shapes, mamba_dtypes=dtypes)
+    state_dtypes = tuple(source.choice(MAMBA_DTYPES) for _ in shapes)
+    fields: dict[str, object] = {"kind": "mamba", "block_size": block_size, "mamba_shapes": shapes, "mamba_dtypes": state_dtypes}
+    if info is not None and info.can("mamba", "state_alignment") and source.chance(30):
+        # 0.34 aligns each state (and the block stride) as the Mamba layer asks; a page padded to the
+        # attention page must stay a multiple of it, so only alignments dividing that page are drawn.
+        alignment = source.choice([a for a in (8, 64, 512) if attention_page % a == 0] or [1])
+        fields.update(state_alignment=alignment, block_stride_alignment=alignment if alignment > 1 else None)
+    spec = SpecCase(**fields)  # type: ignore[arg-type]
     content = pages.page(spec).page_bytes
     if content > attention_page:
         source.reject()
     if content != attention_page:
-        spec = SpecCase(kind="mamba", block_size=block_size, mamba_shapes=shapes, mamba_dtypes=dtypes, page_size_padded=attention_page)
+        spec = SpecCase(**{**fields, "page_size_padded": attention_page})  # type: ignore[arg-type]
     return spec
 
 

@@ -481,6 +481,7 @@ class Adapter:
                 "dtypes": tuple(TORCH_DTYPES[d] for d in spec.mamba_dtypes),
                 "page_size_padded": spec.page_size_padded,
                 "state_alignment": spec.state_alignment if spec.state_alignment != 1 else None,
+                "block_stride_alignment": self._block_stride_alignment(spec),
             }
             return cls(**{k: v for k, v in values.items() if k in fields and (v is not None or k == "page_size_padded")})
         self.register_cache_dtype(spec)
@@ -508,11 +509,13 @@ class Adapter:
             values["head_size_v"] = spec.head_size_v
         if spec.kind in MLA_KINDS:
             values["cache_dtype_str"] = spec.cache_dtype
-        if spec.block_stride_multiple_of is not None:
-            values["block_stride_alignment"] = self.multiple_of(spec.block_stride_multiple_of)
-        elif spec.block_stride_alignment is not None:
-            values["block_stride_alignment"] = spec.block_stride_alignment
+        values["block_stride_alignment"] = self._block_stride_alignment(spec)
         return cls(**{k: v for k, v in values.items() if k in fields and (v is not None or k == "page_size_padded")})
+
+    def _block_stride_alignment(self, spec: SpecCase) -> Any:
+        if spec.block_stride_multiple_of is not None:
+            return self.multiple_of(spec.block_stride_multiple_of)
+        return spec.block_stride_alignment
 
     def storage_dtype(self, spec: SpecCase) -> torch.dtype:
         """The torch dtype the release stores the cache dtype as (the model dtype for "auto")."""
