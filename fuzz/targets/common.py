@@ -434,6 +434,9 @@ class Adapter:
         if spec.registered_cache_dtype:
             if not info.registers_dtypes:
                 return f"field registered_cache_dtype: vLLM {info.vllm_version} has no cache dtype handler registry"
+            if spec.cache_dtype in info.cache_dtypes:
+                # Registering it would replace vLLM's own dtype for every later case of this process.
+                return f"field cache_dtype: {spec.cache_dtype} is vLLM's own; a registered dtype needs a name of its own"
             if spec.kv_quant_mode not in info.quant_modes:
                 return f"field kv_quant_mode: {spec.kv_quant_mode} is not a KVQuantMode of vLLM {info.vllm_version}"
             return None
