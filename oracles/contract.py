@@ -31,7 +31,20 @@ KVCacheLayout on one backing buffer; compression is tokens_per_state.
                pieces of one dense page; 0.31 adds an integer block_stride_alignment.
 - placed-0.32  0.32+: block_stride_alignment may name whole kernel blocks (MultipleOf); a packed
                block-outermost cache is never split in place, and a compressed single-head one is
-               viewed in kernel pages numbered b * kernel_stride + j.
+               viewed in kernel pages numbered b * kernel_stride + j. 0.33 and 0.34 keep it: the
+               planner moved (v1/core/kv_cache_planning.py), the views did not change.
+
+Quantized pages, every contract: a cache dtype's page is what its definition says one token of one
+KV head occupies (oracles/dtypes.py: element bytes, packing, scale bytes per token and head, each
+with the vLLM description it comes from). Who computes it in vLLM changed, not what it is: 0.20-0.27
+specs add the per-token-head scales themselves (2 * block * heads * 4 bytes before padding,
+kv_cache_interface.AttentionSpec.page_size_bytes) and size NVFP4 / INT4 elements from kv_quant_mode;
+from 0.28 the producer publishes the content (a backend's customize_spec, e.g. Triton "Per-token-head
+modes pack inline fp32 scales after each head's data"; the MLA layer's DeepSeek record sizes).
+Before 0.29 the backend's declared shape must cover that page; from 0.29 the published content is
+placed as is. 0.33 adds cache dtypes registered by platforms (vllm/config/cache.py,
+KVCacheDTypeHandler): a storage dtype and a quant mode, so a registered dtype's page is its storage
+elements, and the spec must carry the quant mode its handler returns.
 """
 
 from __future__ import annotations

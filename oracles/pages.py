@@ -1,7 +1,9 @@
 """The page: how many bytes one manager block of one layer occupies, from the spec's meaning.
 
 A block of `block_size` tokens stores `states` states for each of `heads` head slots; a state is
-`content` bytes. The page is heads x states x content bytes, optionally padded. Which of vLLM's
+`content` bytes. The page is heads x states x content bytes, optionally padded. The content of a
+state is what the backend published for it (`state_content_bytes`, with `num_head_slots`), else what
+the cache dtype's definition says a token of a head occupies (oracles/dtypes.py). Which of vLLM's
 design choices shape a page (K and V side by side in a state, one latent per MLA token, the MLA
 alignment padding, block stride alignment in whole kernel blocks) is stated in oracles/contract.py.
 """
@@ -13,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from fuzz.case import DTYPE_SIZES, SpecCase
-from oracles import contract
+from oracles import contract, dtypes
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -40,9 +42,44 @@ def element_size(spec: SpecCase) -> int:
 def content_bytes(spec: SpecCase) -> int:
     if spec.kind == "mamba":
         tensors = zip(spec.mamba_shapes, spec.mamba_dtypes, strict=False)
-        return contract.mamba_page([math.prod(shape) * DTYPE_SIZES[dtype] for shape, dtype in tensors])
+        return contract.mamba_page([round_up(math.prod(shape) * DTYPE_SIZES[dtype], spec.state_alignment) for shape, dtype in tensors])
+    if spec.state_content_bytes is not None:
+        return spec.state_content_bytes
+    defined = defined_content_bytes(spec)
+    # A dtype without a definition is never judged (targets skip its cases); the plain size here
+    # only sizes buffers while drawing.
+    return defined if defined is not None else _plain_bytes(spec)
+
+
+def dtype_definition(spec: SpecCase) -> dtypes.Definition | None:
+    if spec.registered_cache_dtype:
+        return dtypes.registered(spec.kv_quant_mode)
+    return dtypes.definition(spec.cache_dtype)
+
+
+def defined_content_bytes(spec: SpecCase) -> int | None:
+    """Bytes of one state (a token of one KV head) by the cache dtype's definition; None when the
+    oracle has no definition of that dtype for this spec."""
+    definition = dtype_definition(spec)
+    return None if definition is None else definition.content_bytes(_geometry(spec))
+
+
+def defined_unpadded_bytes(spec: SpecCase) -> int | None:
+    """The page before padding by the dtype's definition alone: KV heads x states x content,
+    whatever slots a backend splits it into."""
+    content = defined_content_bytes(spec)
+    return None if content is None else spec.num_kv_heads * states(spec, spec.block_size) * content
+
+
+def _geometry(spec: SpecCase) -> dtypes.Geometry:
     value_head = spec.head_size_v if spec.head_size_v is not None else contract.mla_value_head(spec.is_mla, spec.head_size)
-    return contract.state_content_bytes(spec.state_content_bytes, spec.head_size, value_head, DTYPE_SIZES[spec.dtype])
+    return dtypes.Geometry(head_size=spec.head_size, head_size_v=value_head, element=DTYPE_SIZES[spec.dtype], mla=spec.is_mla,
+                           rope_dim=spec.rope_dim, record=spec.state_content_bytes)
+
+
+def _plain_bytes(spec: SpecCase) -> int:
+    geometry = _geometry(spec)
+    return contract.state_content_bytes(None, geometry.head_size, geometry.head_size_v, geometry.element)
 
 
 def heads(spec: SpecCase) -> int:

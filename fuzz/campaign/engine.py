@@ -164,7 +164,8 @@ class Campaign:
         # Files of earlier runs are never removed (an unconfirmed case found flaky now, or shrunk again, stays as it was).
         self.inherited = set(options.corpus_dir.rglob("*.json")) if options.corpus_dir.exists() else set()
         target = {"spec": pool.source.spec, "label": pool.source.label, "vllm_version": self.info.vllm_version,
-                  "generation": self.info.generation, "contract": self.info.contract.name}
+                  "generation": self.info.generation, "contract": self.info.contract.name, "checks_off": list(self.info.checks_off),
+                  "uncovered": list(self.info.uncovered)}
         self.report = Report(target=target, workers=len(pool.fuzzers()))
         self.case_timeout = float(getattr(pool, "case_timeout", 60.0))
         self.next_index = 0

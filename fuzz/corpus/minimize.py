@@ -168,7 +168,8 @@ def _simpler_options(case: Case, info: TargetInfo) -> Iterator[Case]:
         if spec.head_size_v is not None:
             changes.append({"head_size_v": None})
         if spec.cache_dtype != "auto" and spec.state_content_bytes is None:
-            changes.append({"cache_dtype": "auto", "dtype": "bfloat16", "kv_quant_mode": "none"})
+            changes.append({"cache_dtype": "auto", "dtype": "bfloat16", "kv_quant_mode": "none", "registered_cache_dtype": False,
+                            "rope_dim": None})
         if spec.dtype != "bfloat16" and spec.cache_dtype == "auto" and spec.kind != "mamba":
             changes.append({"dtype": "bfloat16"})
         yield from _spec_changes(case, index, group, changes)

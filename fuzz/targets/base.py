@@ -46,6 +46,18 @@ class TargetInfo:
     # Case fields (beyond the basics) each spec kind can express on this target.
     spec_fields: dict[str, tuple[str, ...]] = field(default_factory=dict)
     kv_sharing: bool = True
+    # Checks this target cannot run, one line each: "name: why" (an entry point was not found).
+    checks_off: tuple[str, ...] = ()
+    # The cache dtypes the release accepts, each with the torch dtype it stores (None: the model's).
+    cache_dtypes: dict[str, str | None] = field(default_factory=lambda: {"auto": None})
+    # KVQuantMode member names (lower case), aliases included.
+    quant_modes: tuple[str, ...] = ("none",)
+    # Whether kvfuzz can register cache dtypes of its own with the release's handler registry.
+    registers_dtypes: bool = False
+    # Where the probe found each vLLM entry point kvfuzz drives: role -> module.name.
+    entry_points: dict[str, str] = field(default_factory=dict)
+    # Layout inputs the release defines that kvfuzz's case space does not draw (never silently).
+    uncovered: tuple[str, ...] = ()
 
     def backend(self, name: str) -> BackendInfo | None:
         return next((b for b in self.backends if b.name == name), None)
@@ -75,6 +87,12 @@ class TargetInfo:
             layouts=tuple(data["layouts"]),
             spec_fields={k: tuple(v) for k, v in data.get("spec_fields", {}).items()},
             kv_sharing=data.get("kv_sharing", True),
+            checks_off=tuple(data.get("checks_off", ())),
+            cache_dtypes=dict(data.get("cache_dtypes", {"auto": None})),
+            quant_modes=tuple(data.get("quant_modes", ("none",))),
+            registers_dtypes=bool(data.get("registers_dtypes", False)),
+            entry_points=dict(data.get("entry_points", {})),
+            uncovered=tuple(data.get("uncovered", ())),
         )
 
 
@@ -117,6 +135,8 @@ class Outcome:
     error_line: int | None = None
     # Physical probe: per layer and tensor, the byte ranges each element was read back from.
     probe: dict[str, Any] | None = None
+    # Per group index: what the spec vLLM built for it says (kv_quant_mode, unpadded page bytes).
+    specs: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def raised(self) -> bool:
@@ -146,6 +166,7 @@ class Outcome:
             error_file=data.get("error_file"),
             error_line=data.get("error_line"),
             probe=data.get("probe"),
+            specs={int(k): dict(v) for k, v in data.get("specs", {}).items()},
         )
 
 

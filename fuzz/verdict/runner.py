@@ -10,6 +10,7 @@ from fuzz.targets.base import Execution, Outcome, Target
 from fuzz.verdict import probe
 from fuzz.verdict.compare import PROCESS_FAILURES, Verdict, compare, spec_kind_of
 from fuzz.verdict.findings import Finding
+from fuzz.verdict.specs import check_specs
 from oracles.expectation import Expectation
 
 
@@ -42,7 +43,8 @@ def judge(execution: Execution, target_contract: oracles.Contract) -> CaseResult
                           outcome.error_layer, case.is_latent)
         return CaseResult(case, Verdict("finding", finding), None, outcome)
     expectation = oracles.expect(case, target_contract)
-    verdict = compare(case, expectation, execution.outcome)
+    mismatch = check_specs(case, execution.outcome)
+    verdict = Verdict("finding", mismatch) if mismatch is not None else compare(case, expectation, execution.outcome)
     if verdict.status == "pass" and execution.outcome.probe is not None:
         difference = probe.check(expectation, execution.outcome)
         if difference is not None:
