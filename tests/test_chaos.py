@@ -183,13 +183,13 @@ def test_a_call_that_does_not_fit_the_signature_is_kvfuzz_s_error_and_a_wrong_ca
         assert "_reshape_kv_cache(attn_groups, kv_cache_dtype)" in message and "unexpected keyword argument 'cache_dtype'" in message
         assert "\n" not in message
 
-    def helper(x):  # noqa: ANN001, ANN202
-        return x
+    import vllm
 
-    def buggy(attn_groups, cache_dtype):  # noqa: ANN001, ANN202 - vLLM calling its own helper wrongly
-        return helper(attn_groups, cache_dtype)
-
-    outcome = capture(adapter_calling(buggy).make_views)
+    # vLLM calling its own helper wrongly: code whose frames are in the vllm package.
+    inside = {}
+    source = "def helper(x):\n    return x\n\n\ndef buggy(attn_groups, cache_dtype):\n    return helper(attn_groups, cache_dtype)\n"
+    exec(compile(source, str(Path(vllm.__file__).parent / "kvfuzz_chaos_helper.py"), "exec"), inside)  # noqa: S102
+    outcome = capture(adapter_calling(inside["buggy"]).make_views)
     assert (outcome.error_type, outcome.error_function) == ("TypeError", "buggy")
     assert "helper() takes 1 positional argument" in (outcome.error_message or "")
 
@@ -197,8 +197,6 @@ def test_a_call_that_does_not_fit_the_signature_is_kvfuzz_s_error_and_a_wrong_ca
 def test_a_lost_candidate_is_an_outcome_even_when_its_case_was_never_declared():
     spec = SpecCase(kind="full", block_size=16, num_kv_heads=2, head_size=64)
     case = Case(groups=(GroupCase(spec=spec, layers=("l0",), backend="TRITON_ATTN", kernel_block_size=16),), num_blocks=2, layout="NHD")
-    with pytest.raises(ValueError, match="no declared cache shape"):
-        judge(Execution(case, outcome=Outcome(views={})), SHAPED_022)  # the oracle needs the declaration
     lost = Execution(case, outcome=Outcome(error_type=TARGET_CRASHED, error_message="killed by SIGSEGV", error_function="worker"))
     verdict = judge(lost, SHAPED_022).verdict
     assert verdict.finding is not None and (verdict.finding.kind, verdict.finding.message) == ("crash-signal", "killed by SIGSEGV")
