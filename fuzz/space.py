@@ -19,25 +19,26 @@ Sources: `RandomSource` (the campaign's fast path), `fuzz.strategies.HypothesisS
 
 from __future__ import annotations
 
+import bisect
 import functools
 import random
 from collections.abc import Sequence
 from typing import NoReturn, Protocol, TypeVar
 
-from fuzz.case import DTYPE_SIZES, MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend
+import oracles
+from fuzz.case import DTYPE_SIZES, MLA_KINDS, WINDOWED_KINDS, Case, GroupCase, SpecCase, SyntheticBackend
 from fuzz.targets.base import BackendInfo, TargetInfo
-from oracles import pages
+from oracles import dtypes, pages
 
 T = TypeVar("T")
 
-BLOCK_SIZES = (16, 32, 64, 128, 256, 512)
-HEAD_SIZES = (64, 32, 16, 128, 80, 96)
-MLA_HEAD_SIZES = (512, 576, 128, 132, 584)
-COMPRESS_RATIOS = (4, 128, 2, 8)
-MAMBA_SHAPES = (((2, 8),), ((3, 8), (2, 4, 4)), ((4, 16),), ((1, 2, 2),))
+# Numbers are drawn from ranges, biased toward their edges (the low end, 2, powers of two, primes,
+# the high end), never from the numbers of known bugs; integers shrink toward the low end.
+MAX_BLOCK_SIZE = 1024
+MAX_HEAD_SIZE = 1024
+MAX_HEADS = 8
 MAMBA_DTYPES = ("float32", "bfloat16", "float16")
 ALL_DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2", "uint8", "int8")
-SYNTHETIC_KERNELS: tuple[tuple[int | str, ...], ...] = (("x1",), ("x16",), (16,), (64,), (16, 32), (256,), ("x32",), (2,))
 # Declared cache shapes of synthetic backends on backend-shaped releases, with the stride
 # orders such a backend may declare; each covers heads x (K + V) or one MLA latent per slot.
 SYNTHETIC_SHAPES: dict[bool, tuple[tuple[tuple[int | str, ...], tuple[tuple[int, ...], ...]], ...]] = {
@@ -50,28 +51,22 @@ SYNTHETIC_SHAPES: dict[bool, tuple[tuple[tuple[int | str, ...], tuple[tuple[int,
     True: ((("B", "T", "D"), ((0, 1, 2),)),),
 }
 
-# Cache dtype string -> (storage dtype or None for the model dtype, KV quant mode).
-CACHE_DTYPES: dict[str, tuple[str | None, str]] = {
-    "auto": (None, "none"),
-    "float16": ("float16", "none"),
-    "bfloat16": ("bfloat16", "none"),
-    "fp8": ("uint8", "fp8_per_tensor"),
-    "fp8_e4m3": ("uint8", "fp8_per_tensor"),
-    "fp8_e5m2": ("uint8", "fp8_per_tensor"),
-    "int8_per_token_head": ("int8", "int8_per_token_head"),
-    "fp8_per_token_head": ("uint8", "fp8_per_token_head"),
-    "fp8_ds_mla": ("uint8", "fp8_per_tensor"),
-}
-# Bytes per stored token of the fp8_ds_mla format: DeepSeek V3.2, and V4 (model_version set).
-DS_MLA_BYTES = {None: 656, "deepseek_v4": 584}
+# Cache dtypes, quant modes and their storage come from the target (TargetInfo.cache_dtypes,
+# quant_modes: the release's own tables); what a dtype's page holds comes from its definition
+# (oracles/dtypes.py). Storage dtypes kvfuzz's own registered cache dtypes may declare:
+REGISTERED_STORAGE = ("uint8", "int8", "float8_e4m3fn", "bfloat16", "float16")
 KIND_ORDER = ("full", "sliding_window", "mla", "sliding_window_mla", "chunked_local", "sink", "cross", "encoder_only", "mamba")
 LAYOUT_ORDER = ("LBNHC", "LBHNC", "BLNHC", "BLHNC", "BHLNC", "LHBNC", "NHD", "HND")
 MAX_BUFFER_BYTES = 1 << 20
-# Production scale: block counts and geometry of real deployments (DeepSeek V4 crashed at 30,819
-# blocks per layer). Such buffers are described, not allocated: the target runs on the meta device.
-PRODUCTION_BLOCKS = (30819, 2048, 65537, 131072, 1 << 20)
-PRODUCTION_HEADS = (8, 1, 2, 4, 16, 32)
+# Production scale: block counts and geometry of real deployments, up to a million blocks and a TiB
+# of buffer. Such buffers are described, not allocated: the target runs on the meta device.
+MAX_PRODUCTION_BLOCKS = 1 << 20
+MAX_PRODUCTION_BYTES = 1 << 40
+MAX_PRODUCTION_HEADS = 64
 SCALES = ("small", "production")
+# A case the contract rejects is kept this often (percent); the others are redrawn, so most cases
+# test layouts vLLM must build while refusals stay covered.
+KEEP_REJECTED = 30
 
 
 class Source(Protocol):
@@ -111,6 +106,67 @@ class RandomSource:
 
     def reject(self) -> NoReturn:
         raise Rejected
+
+
+PRIMES = tuple(n for n in range(2, 4097) if all(n % d for d in range(2, int(n**0.5) + 1)))
+
+
+PRIME_SET = frozenset(PRIMES)
+
+
+def _primes(low: int, high: int) -> tuple[int, ...]:
+    return PRIMES[bisect.bisect_left(PRIMES, low):bisect.bisect_right(PRIMES, high)]
+
+
+def edge_int(source: Source, low: int, high: int) -> int:
+    """An integer in [low, high], biased toward its edges: low, low + 1, a power of two, a prime, high, or any (drawn
+    log-uniformly, so small and large magnitudes are equally likely)."""
+    if high <= low:
+        return low
+    kind = source.integer(0, 5)
+    if kind == 0:
+        return low
+    if kind == 1:
+        return low + 1
+    if kind == 2:
+        powers = [1 << k for k in range(max(0, (low - 1).bit_length()), high.bit_length()) if low <= 1 << k <= high]
+        if powers:
+            return source.choice(powers)
+    elif kind == 3:
+        primes = _primes(low, min(high, PRIMES[-1]))
+        if primes:
+            return source.choice(primes)
+    elif kind == 4:
+        return high
+    bits = source.integer(max(1, low.bit_length()), high.bit_length())
+    return source.integer(max(low, 1 << (bits - 1)), min(high, (1 << bits) - 1))
+
+
+def edge_divisor(source: Source, number: int) -> int:
+    """A divisor of `number`, biased toward 1, 2, powers of two, primes and `number` itself."""
+    divisors = _divisors(number)
+    if len(divisors) == 1:
+        return divisors[0]
+    kind = source.integer(0, 4)
+    if kind == 0:
+        return 1
+    if kind == 1 and number % 2 == 0:
+        return 2
+    if kind == 2:
+        return number
+    picked = [d for d in divisors if (kind == 3 and d & (d - 1) == 0) or (kind == 4 and d in PRIME_SET)]
+    return source.choice(picked or divisors)
+
+
+@functools.lru_cache(maxsize=1024)
+def _divisors(number: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, number + 1) if number % d == 0)
+
+
+def simpler_block_sizes(block_size: int) -> list[int]:
+    """Smaller block sizes a minimizer may try: powers of two and divisors below `block_size`, simplest first."""
+    powers = [1 << k for k in range(block_size.bit_length()) if 1 << k < block_size]
+    return sorted(set(powers) | {d for d in _divisors(block_size) if d < block_size})
 
 
 def case_seed(campaign_seed: int, index: int) -> int:
@@ -172,7 +228,7 @@ def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_grou
         attention_page = pages.page(groups[0].spec).page_bytes
         depth = max(len(g.layers) for g in groups)
         for _ in range(mamba_groups):
-            spec = _mamba_spec(source, groups[0].spec.block_size, attention_page)
+            spec = _mamba_spec(source, groups[0].spec.block_size, attention_page, info)
             names = tuple(f"g{len(groups)}.l{j}" for j in range(depth + source.integer(0, 1)))
             groups.append(GroupCase(spec=spec, layers=names, kernel_block_size=spec.block_size))
     group_pages = [pages.page(g.spec) for g in groups]
@@ -189,14 +245,17 @@ def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_grou
     sharing: tuple[tuple[str, str], ...] = ()
     if info.kv_sharing and source.chance(15):
         sharing = (("g0.shared", groups[0].layers[-1]),)
-    blocks = source.choice(PRODUCTION_BLOCKS) if production else source.integer(1, 4)
-    case = Case(groups=tuple(groups), num_blocks=blocks, layout=layout, kv_sharing=sharing)
-    if not production:
-        # Small scale: as many of the drawn blocks as fit the buffer cap.
-        per_block = buffer_bytes(case) // blocks
-        if per_block > MAX_BUFFER_BYTES:
-            source.reject()
-        case = Case(groups=case.groups, num_blocks=min(blocks, MAX_BUFFER_BYTES // per_block), layout=layout, kv_sharing=sharing)
+    case = Case(groups=tuple(groups), num_blocks=1, layout=layout, kv_sharing=sharing)
+    # Bytes per block as the contract lays the case out (alignments of several groups can multiply them).
+    per_block = max(buffer_bytes(case), oracles.buffer_bytes(case, info.contract))
+    cap = MAX_PRODUCTION_BYTES if production else MAX_BUFFER_BYTES
+    if per_block > cap:
+        source.reject()
+    # As many blocks as the buffer cap allows at most; few, some or many, biased toward the edges.
+    most = min(cap // per_block, MAX_PRODUCTION_BLOCKS if production else 4)
+    case = Case(groups=case.groups, num_blocks=edge_int(source, 1, most), layout=layout, kv_sharing=sharing)
+    if not source.chance(KEEP_REJECTED) and not oracles.expect(case, info.contract).accepted:
+        source.reject()
     return case
 
 
@@ -214,14 +273,16 @@ def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, la
             source.reject()
     else:
         candidates = [b for b in info.backends if b.is_mla == mla and (cache_dtype is None or cache_dtype in b.cache_dtypes)]
-        # A synthetic backend declares one latent per slot, which the fp8_ds_mla format is not.
-        use_synthetic = synthetic and cache_dtype != "fp8_ds_mla" and (not candidates or source.chance(20))
+        # A synthetic backend declares one latent per slot, which DeepSeek's MLA records are not, and
+        # on backend-shaped releases plain elements only.
+        fits_synthetic = cache_dtype is None or (cache_dtype not in dtypes.DS_MLA_RECORDS and not (shaped and _scaled(cache_dtype)))
+        use_synthetic = synthetic and fits_synthetic and (not candidates or source.chance(20))
         if not use_synthetic and not candidates:
             source.reject()
         backend = None if use_synthetic else source.choice(candidates)
-        fake = _synthetic_backend(source, info, mla, shaped) if use_synthetic else None
-        declared = fake.kernel_block_sizes if fake else backend.kernel_block_sizes  # type: ignore[union-attr]
-        spec = _attention_spec(source, info, kind, backend, shaped, cache_dtype, production, _block_sizes(kind, declared))
+        block_size = _block_size(source, kind, backend.kernel_block_sizes if backend else ())
+        fake = _synthetic_backend(source, info, mla, shaped, block_size) if use_synthetic else None
+        spec = _attention_spec(source, info, kind, backend, shaped, cache_dtype, production, block_size)
     sizes = fake.kernel_block_sizes if fake else backend.kernel_block_sizes  # type: ignore[union-attr]
     # vLLM picks no kernel block size for encoder-only groups: they keep the manager block.
     kernel = spec.block_size if kind == "encoder_only" else choose_kernel_block_size(spec.block_size, sizes)
@@ -232,71 +293,141 @@ def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, la
                      kernel_block_size=kernel)
 
 
-@functools.lru_cache(maxsize=256)
-def _block_sizes(kind: str, kernel_sizes: tuple[int | str, ...]) -> tuple[int, ...]:
-    """Block sizes for which vLLM's rule finds a kernel block size the backend declares."""
-    fitting = tuple(b for b in BLOCK_SIZES if kind == "encoder_only" or choose_kernel_block_size(b, kernel_sizes) is not None)
-    return fitting or BLOCK_SIZES
+def _block_size(source: Source, kind: str, kernel_sizes: Sequence[int | str]) -> int:
+    """A block size: a multiple of a kernel block size the backend declares (so vLLM's rule can split it), or for a
+    backend declaring none (a synthetic one, drawn after) any size."""
+    bases = sorted({int(s[1:]) if isinstance(s, str) else s for s in kernel_sizes})
+    if not bases:
+        return edge_int(source, 1, MAX_BLOCK_SIZE)
+    base = source.choice(bases)
+    return base * edge_int(source, 1, max(1, MAX_BLOCK_SIZE // base))
 
 
 def _attention_spec(source: Source, info: TargetInfo, kind: str, backend: BackendInfo | None, shaped: bool,
-                    cache_dtype: str | None, production: bool = False, block_sizes: tuple[int, ...] = BLOCK_SIZES) -> SpecCase:
+                    cache_dtype: str | None, production: bool, block_size: int) -> SpecCase:
     mla = kind in MLA_KINDS
-    block_size = source.choice(block_sizes)
-    if backend is None:
-        model_dtype = source.choice(ALL_DTYPES)
-        cache = cache_dtype if cache_dtype is not None and CACHE_DTYPES[cache_dtype][0] is None else "auto"
-    else:
-        model_dtype = source.choice(ordered(backend.model_dtypes, ALL_DTYPES) or ["bfloat16"])
-        cache = cache_dtype or source.choice(ordered([c for c in backend.cache_dtypes if c in CACHE_DTYPES], tuple(CACHE_DTYPES)) or ["auto"])
-    storage, quant = CACHE_DTYPES[cache]
-    fields: dict[str, object] = {"kind": kind, "block_size": block_size, "dtype": storage or model_dtype, "cache_dtype": cache,
-                                 "kv_quant_mode": quant if info.can(kind, "kv_quant_mode") else "none"}
+    model_dtype = source.choice(ordered(backend.model_dtypes, ALL_DTYPES) or ["bfloat16"]) if backend else source.choice(ALL_DTYPES)
+    fields: dict[str, object] = {"kind": kind, "block_size": block_size, **_cache_dtype_fields(source, info, kind, backend, shaped, cache_dtype,
+                                                                                                 model_dtype)}
+    cache = str(fields["cache_dtype"])
+    element = DTYPE_SIZES[str(fields["dtype"])]
+    # Head sizes up to the largest one whose page still fits the buffer cap (the high edge of the range).
+    cap = MAX_PRODUCTION_BYTES // 64 if production else MAX_BUFFER_BYTES
+
+    def largest_head(heads: int, vectors: int) -> int:
+        return max(1, min(MAX_HEAD_SIZE, cap // (block_size * heads * vectors * element)))
+
     if mla:
         fields["num_kv_heads"] = 1
-        fields["head_size"] = source.choice(MLA_HEAD_SIZES)
+        fields["head_size"] = edge_int(source, 1, largest_head(1, 1))
         compresses = (backend is None or backend.compresses) and info.can(kind, "compress_ratio")
-        ratio = source.choice([r for r in (1, *COMPRESS_RATIOS, block_size) if block_size % r == 0]) if compresses else 1
+        ratio = edge_divisor(source, block_size) if compresses and source.chance(70) else 1
         fields["compress_ratio"] = ratio
-        if cache == "fp8_ds_mla":
-            # The format of DeepSeek V3.2 (656 B per token) and V4 (584 B, its own backends);
-            # sliding-window MLA exists only in V4.
+        if cache in dtypes.DS_MLA_RECORDS:
+            # DeepSeek's record formats: V3.2's and V4's (the latter on V4's own, compressing
+            # backends); sliding-window MLA exists only in V4.
             v4 = backend is not None and backend.compresses
-            if backend is None or (kind == "sliding_window_mla" and not v4):
+            records = dtypes.DS_MLA_RECORDS[cache].get("deepseek_v4" if v4 else None)
+            if backend is None or not records or (kind == "sliding_window_mla" and not v4):
                 source.reject()
+            if not info.can(kind, "state_content_bytes"):
+                records = records[:1]  # before 0.28 the model version alone names the record
             version = "deepseek_v4" if v4 else None
             if version is not None or info.can(kind, "model_version"):
                 fields["model_version"] = version
-            fields["state_content_bytes"] = DS_MLA_BYTES[version]
+            fields["state_content_bytes"] = source.choice(records)
         elif kind == "mla" and ratio > 1 and info.can(kind, "model_version"):
             fields["model_version"] = "deepseek_v4"
         if info.can(kind, "alignment") and source.chance(40):
-            fields["alignment"] = source.choice((576, 512))
+            fields["alignment"] = 16 * edge_int(source, 1, 256)  # bytes, at the granularity of device memory alignment
+        if info.can(kind, "topk_buffer_width") and source.chance(10):
+            fields["topk_buffer_width"] = edge_int(source, 1, 1 << 14)
     else:
-        fields["num_kv_heads"] = source.choice(PRODUCTION_HEADS) if production else source.integer(1, 4)
-        fields["head_size"] = source.choice((128, 256, 64, 512) if production else HEAD_SIZES)
-        if not shaped and info.can(kind, "head_size_v") and source.chance(30):
-            fields["head_size_v"] = source.choice(HEAD_SIZES)
+        heads = fields["num_kv_heads"] = edge_int(source, 1, MAX_PRODUCTION_HEADS if production else MAX_HEADS)
+        fields["head_size"] = edge_int(source, 1, largest_head(heads, 2))
+        if not shaped and info.can(kind, "head_size_v") and (backend is None or backend.asymmetric_kv) and source.chance(30):
+            fields["head_size_v"] = edge_int(source, 1, largest_head(heads, 2))
+        group = definition.head_multiple if (definition := dtypes.definition(cache)) is not None else 1
+        if group > 1:
+            # Formats that group a head's elements (scale groups, rotation blocks) take whole groups.
+            fields["head_size"] = group * edge_int(source, 1, max(1, largest_head(heads, 2) // group))
+            if int(fields.get("head_size_v") or 0) % group:  # type: ignore[call-overload]
+                fields["head_size_v"] = None
+        if cache.startswith("octave_"):
+            fields["rope_dim"] = source.choice(range(64, int(fields["head_size"]) + 1, 64) or [64])  # type: ignore[call-overload]
+    if info.can(kind, "is_draft") and source.chance(5):
+        fields["is_draft"] = True
     fields.update(_kind_fields(source, kind))
     spec = SpecCase(**fields)  # type: ignore[arg-type]
     if not mla and not shaped and source.chance(25):
-        # Padding by whole elements, as vLLM's page-size unification pads.
-        extra = source.choice((64, 128, 256, 4096))
-        spec = SpecCase(**{**fields, "page_size_padded": pages.page(spec).page_bytes + extra})  # type: ignore[arg-type]
+        # Padding up to a larger page, as vLLM's page-size unification pads to another group's page (16-byte granular).
+        padded = pages.round_up(pages.page(spec).page_bytes + edge_int(source, 1, 2048), 16)
+        spec = SpecCase(**{**fields, "page_size_padded": padded})  # type: ignore[arg-type]
     return spec
 
 
+def _cache_dtype_fields(source: Source, info: TargetInfo, kind: str, backend: BackendInfo | None, shaped: bool, cache_dtype: str | None,
+                        model_dtype: str) -> dict[str, object]:
+    """The cache dtype of a group, with the storage dtype the release gives it and the quant mode
+    its definition means (as this release names it): from the backend's list for a real backend,
+    from every dtype the release accepts for a synthetic one, or one kvfuzz registers itself."""
+    mla = kind in MLA_KINDS
+    if cache_dtype is not None:
+        choices = [cache_dtype]
+    elif backend is not None:
+        choices = [c for c in backend.cache_dtypes if c in info.cache_dtypes] or ["auto"]
+    else:
+        if info.registers_dtypes and source.chance(15):
+            return _registered_dtype(source, info, kind)
+        # A synthetic backend declares plain elements on backend-shaped releases, and one
+        # latent per slot (which DeepSeek's MLA records are not).
+        choices = [c for c in info.cache_dtypes if c not in dtypes.DS_MLA_RECORDS and not (shaped and _scaled(c))] or ["auto"]
+    choices = [c for c in choices if _applies(c, mla)] or ["auto"]
+    cache = source.choice(ordered(choices, tuple(info.cache_dtypes)))
+    definition = dtypes.definition(cache)
+    quant = "none"
+    if info.can(kind, "kv_quant_mode") and definition is not None:
+        quant = dtypes.quant_mode_in(definition, info.quant_modes) or definition.quant_modes[0]
+    storage = info.cache_dtypes.get(cache)
+    return {"cache_dtype": cache, "dtype": storage or model_dtype, "kv_quant_mode": quant}
+
+
+def _registered_dtype(source: Source, info: TargetInfo, kind: str) -> dict[str, object]:
+    storage = source.choice(REGISTERED_STORAGE)
+    quant = source.choice(info.quant_modes) if info.can(kind, "kv_quant_mode") else "none"
+    return {"cache_dtype": f"kvfuzz_{storage}_{quant}", "dtype": storage, "kv_quant_mode": quant, "registered_cache_dtype": True}
+
+
+@functools.lru_cache(maxsize=256)
+def _scaled(cache: str) -> bool:
+    definition = dtypes.definition(cache)
+    return definition is not None and not definition.plain
+
+
+@functools.lru_cache(maxsize=512)
+def _applies(cache: str, mla: bool) -> bool:
+    """False only for a dtype whose definition says it is no format of this kind of cache (NVFP4 and
+    the K+V slot formats of attention heads, the record formats of MLA); an unknown dtype is drawn,
+    and its cases are skipped with that reason."""
+    definition = dtypes.definition(cache)
+    if definition is None:
+        return True
+    probe = dtypes.Geometry(head_size=128, head_size_v=0 if mla else 128, element=1, mla=mla, rope_dim=64,
+                            record=next(iter(dtypes.DS_MLA_RECORDS.get(cache, {None: (None,)}).values()))[0])
+    return definition.content_bytes(probe) is not None
+
+
 def _kind_fields(source: Source, kind: str) -> dict[str, object]:
-    if kind in ("sliding_window", "sliding_window_mla"):
-        return {"sliding_window": source.choice((128, 1024))}
+    if kind in WINDOWED_KINDS:
+        return {"sliding_window": edge_int(source, 1, 1 << 16)}
     if kind == "chunked_local":
-        return {"attention_chunk_size": source.choice((256, 1024))}
+        return {"attention_chunk_size": edge_int(source, 1, 1 << 16)}
     if kind == "sink":
-        return {"sink_len": source.choice((4, 16))}
+        return {"sink_len": edge_int(source, 1, 64)}
     return {}
 
 
-def _synthetic_backend(source: Source, info: TargetInfo, mla: bool, shaped: bool) -> SyntheticBackend:
+def _synthetic_backend(source: Source, info: TargetInfo, mla: bool, shaped: bool, block_size: int) -> SyntheticBackend:
     layouts = None
     if not shaped and source.chance(50):
         picked = {source.choice(info.layouts) for _ in range(source.integer(1, 3))}
@@ -305,19 +436,38 @@ def _synthetic_backend(source: Source, info: TargetInfo, mla: bool, shaped: bool
     if shaped:
         shape, orders = source.choice(SYNTHETIC_SHAPES[mla])
         order = source.choice(orders)
-    return SyntheticBackend(name=source.choice(("alpha", "beta")), kernel_block_sizes=source.choice(SYNTHETIC_KERNELS),
+    return SyntheticBackend(name=source.choice(("alpha", "beta")), kernel_block_sizes=_synthetic_kernel_sizes(source, block_size),
                             layouts=layouts, shape=shape, stride_order=order)
 
 
-def _mamba_spec(source: Source, block_size: int, attention_page: int) -> SpecCase:
-    shapes = source.choice(MAMBA_SHAPES)
-    dtypes = tuple(source.choice(MAMBA_DTYPES) for _ in shapes)
-    spec = SpecCase(kind="mamba", block_size=block_size, mamba_shapes=shapes, mamba_dtypes=dtypes)
+def _synthetic_kernel_sizes(source: Source, block_size: int) -> tuple[int | str, ...]:
+    """What a synthetic backend declares: any multiple of a divisor of the block size, or one or two exact sizes, each a
+    divisor of the block size or (less often) a size that does not divide it, which vLLM's rule must pass over."""
+    if source.chance(40):
+        return (f"x{edge_divisor(source, block_size)}",)
+    sizes: list[int | str] = []
+    for _ in range(source.integer(1, 2)):
+        size = edge_divisor(source, block_size) if source.chance(75) else edge_int(source, 1, 2 * block_size)
+        if size not in sizes:
+            sizes.append(size)
+    return tuple(sizes)
+
+
+def _mamba_spec(source: Source, block_size: int, attention_page: int, info: TargetInfo | None = None) -> SpecCase:
+    shapes = tuple(tuple(edge_int(source, 1, 16) for _ in range(source.integer(1, 3))) for _ in range(source.integer(1, 2)))
+    state_dtypes = tuple(source.choice(MAMBA_DTYPES) for _ in shapes)
+    fields: dict[str, object] = {"kind": "mamba", "block_size": block_size, "mamba_shapes": shapes, "mamba_dtypes": state_dtypes}
+    if info is not None and info.can("mamba", "state_alignment") and source.chance(30):
+        # 0.34+ aligns each state (and the block stride) as the Mamba layer asks; a page padded to the
+        # attention page must stay a multiple of it, so only alignments dividing that page are drawn.
+        alignment = source.choice([1 << k for k in range(1, 13) if attention_page % (1 << k) == 0] or [1])
+        fields.update(state_alignment=alignment, block_stride_alignment=alignment if alignment > 1 else None)
+    spec = SpecCase(**fields)  # type: ignore[arg-type]
     content = pages.page(spec).page_bytes
     if content > attention_page:
         source.reject()
     if content != attention_page:
-        spec = SpecCase(kind="mamba", block_size=block_size, mamba_shapes=shapes, mamba_dtypes=dtypes, page_size_padded=attention_page)
+        spec = SpecCase(**{**fields, "page_size_padded": attention_page})  # type: ignore[arg-type]
     return spec
 
 
@@ -338,8 +488,8 @@ def unrealistic(case: Case, info: TargetInfo) -> str | None:
                 return f"{backend.name} serves no compressed cache"
             if spec.cache_dtype not in backend.cache_dtypes:
                 return f"{backend.name} takes no {spec.cache_dtype} cache"
-        elif spec.cache_dtype == "fp8_ds_mla":
-            return "the fp8_ds_mla format needs its own backend"
+        elif spec.cache_dtype in dtypes.DS_MLA_RECORDS:
+            return f"the {spec.cache_dtype} format needs its own backend"
         sizes = group.synthetic_backend.kernel_block_sizes if group.synthetic_backend else backend.kernel_block_sizes  # type: ignore[union-attr]
         want = spec.block_size if spec.kind == "encoder_only" else choose_kernel_block_size(spec.block_size, sizes)
         if group.kernel_block_size != want:

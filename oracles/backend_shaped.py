@@ -19,11 +19,21 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 from fuzz.case import DTYPE_SIZES, Case, GroupCase, evaluate_shape, parse_shape_entry
-from oracles import pages
+from oracles import contract as rules
+from oracles import declarations, pages
 from oracles.contract import Contract
-from oracles.expectation import Expectation, LayerExpectation, PageRule, ViewExpectation, dense_strides, rejected, with_sharers
+from oracles.expectation import Expectation, LayerExpectation, PageRule, ViewExpectation, broken, dense_strides, rejected, with_sharers
+
+
+@dataclass(frozen=True)
+class Broken:
+    """A layer whose backend's declaration breaks the contract."""
+
+    function: str
+    message: str
 
 
 def expect(case: Case, contract: Contract) -> Expectation:
@@ -40,6 +50,8 @@ def expect(case: Case, contract: Contract) -> Expectation:
         for name in group.layers:
             pool = buffer_of[name]
             built = _layer(name, index, group, case.num_blocks, pool, pool in mamba_pools, contract)
+            if isinstance(built, Broken):
+                return broken(contract.name, built.function, built.message, name)
             if isinstance(built, str):
                 return rejected(contract.name, built, name)
             layers[name] = built
@@ -60,14 +72,11 @@ def buffer_bytes(case: Case) -> int:
 
 
 def _pools(case: Case) -> list[list[str]]:
-    if len(case.groups) == 1:
-        return [[name] for name in case.groups[0].layers]
-    depth = max(len(g.layers) for g in case.groups)
-    return [[g.layers[i] for g in case.groups if i < len(g.layers)] for i in range(depth)]
+    return rules.shaped_pools([g.layers for g in case.groups])
 
 
 def _layer(name: str, index: int, group: GroupCase, num_blocks: int, pool: int, with_mamba: bool,
-           contract: Contract) -> LayerExpectation | str:
+           contract: Contract) -> LayerExpectation | Broken | str:
     page = pages.page(group.spec)
     if page.padded and not contract.padded_pages:
         return "this contract has no padded pages"
@@ -79,37 +88,44 @@ def _layer(name: str, index: int, group: GroupCase, num_blocks: int, pool: int, 
 
 
 def _attention_layer(name: str, index: int, group: GroupCase, num_blocks: int, pool: int, page: pages.Page,
-                     with_mamba: bool, contract: Contract) -> LayerExpectation | str:
+                     with_mamba: bool, contract: Contract) -> LayerExpectation | Broken | str:
     spec = group.spec
     pattern = group.declared_shape or (group.synthetic_backend.shape if group.synthetic_backend else None)
     if pattern is None:
-        raise ValueError(f"group of {name} has no declared cache shape; the target's declare step must provide it")
+        # Asking the backend failed, so the error is all there is to judge: only the rules that need no shape apply.
+        rule = PageRule(origin=0, block_pitch=page.page_bytes, span_starts=(0,), span_len=page.page_bytes, pad_start=page.unpadded_bytes)
+        return LayerExpectation(name=name, group=index, views=(), pages=rule)
     order = group.declared_stride_order or (group.synthetic_backend.stride_order if group.synthetic_backend else None)
     order = tuple(order) if order is not None else tuple(range(len(pattern)))
 
     kernel = group.kernel_block_size or spec.block_size
     if spec.block_size % kernel:
         return "the kernel block size does not divide the block size"
-    ratio = spec.block_size // kernel if contract.kernel_split and spec.compress_ratio == 1 else 1
+    ratio = rules.shaped_kernel_ratio(contract, spec.block_size, kernel, spec.compress_ratio)
     if contract.shape_block == "tokens":
         slots = spec.block_size
     else:
         slots = kernel if ratio > 1 else spec.block_size // spec.compress_ratio
     if ratio > 1 and page.padded:
         return "a padded page cannot be split into kernel blocks"
-    shape = evaluate_shape(pattern, blocks=num_blocks * ratio, slots=slots, heads=spec.num_kv_heads, head_size=spec.head_size)
-    block_axis = next(i for i, e in enumerate(pattern) if parse_shape_entry(e)[1] == "B")
     esz = DTYPE_SIZES[spec.dtype]
-    kernel_elements = math.prod(shape) // max(shape[block_axis], 1)
-    if kernel_elements * ratio * esz != page.unpadded_bytes:
-        return "the backend's cache shape does not cover the spec's page"
+    symbols = [parse_shape_entry(e)[1] for e in pattern]
+    shape = per_block = None
+    if symbols.count("B") == 1:
+        shape = evaluate_shape(pattern, blocks=num_blocks * ratio, slots=slots, heads=spec.num_kv_heads, head_size=spec.head_size)
+        block_axis = symbols.index("B")
+        per_block = math.prod(shape) // max(shape[block_axis], 1) * ratio * esz
+    fault = declarations.shaped_fault(group.backend_name, pattern, order, shape, per_block, page.unpadded_bytes, not spec.is_mla)
+    if fault is not None:
+        return Broken(*fault)
+    assert shape is not None
 
     physical = order
-    if with_mamba:
+    if rules.mamba_pool_hoists_blocks(with_mamba):
         physical = (block_axis,) + tuple(a for a in order if a != block_axis)
     strides = dense_strides(shape, physical, esz)
     if page.padded:
-        if physical[0] != block_axis:
+        if not rules.shaped_padding_fits(physical[0] == block_axis):
             return "padded pages need the block axis outermost"
         strides[block_axis] = page.page_bytes
     view = ViewExpectation(shape=shape, byte_strides=tuple(strides), byte_offset=0, buffer=pool, dtype=spec.dtype,
@@ -125,7 +141,7 @@ def _attention_layer(name: str, index: int, group: GroupCase, num_blocks: int, p
 
 
 def _mamba_layer(name: str, index: int, group: GroupCase, num_blocks: int, pool: int, page: pages.Page,
-                 contract: Contract) -> LayerExpectation:
+                 contract: Contract) -> LayerExpectation | str:
     spec = group.spec
     rule = PageRule(origin=0, block_pitch=page.page_bytes, span_starts=(0,), span_len=page.page_bytes, pad_start=page.unpadded_bytes)
     if contract.mamba_views == "page-bytes":
@@ -136,6 +152,8 @@ def _mamba_layer(name: str, index: int, group: GroupCase, num_blocks: int, pool:
     offset = 0
     for state_shape, dtype in zip(spec.mamba_shapes, spec.mamba_dtypes, strict=True):
         esz = DTYPE_SIZES[dtype]
+        if offset % esz or page.page_bytes % esz:
+            return "a Mamba state tensor does not start on a whole number of its elements in every page"
         shape = (num_blocks, *state_shape)
         strides = dense_strides(shape, tuple(range(len(shape))), esz)
         strides[0] = page.page_bytes

@@ -1,17 +1,21 @@
-"""The vLLM layout contracts the oracle knows, and what differs between them (kept in this one place).
+"""The vLLM layout contracts the oracle knows: every design choice of vLLM's, stated once, with its source.
 
-A target adapter names the contract its vLLM follows; the oracle derives the expected layout
-from the case and that contract alone. A contract changes where vLLM's intended behaviour
-changed, not where its code was merely refactored; a release whose code breaks its own
+The oracle derives a case's expected layout from what the case means (pages of heads x states x
+content bytes, nested in the order a layout names) and from the rules below. Each rule is a
+design choice vLLM made and documented (a docstring, a code comment stating the intent, a test,
+a design note or pull request); `RULES` lists them with that source, quoted. A rule is never a
+restatement of how vLLM computes something: where vLLM's code and its stated intent differ, the
+rule follows the intent and the difference is a finding.
+
+A target adapter names the contract its vLLM follows. A contract changes where vLLM's intended
+behaviour changed, not where its code was merely refactored; a release whose code breaks its own
 contract is a finding, not a new contract.
 
 Backend-shaped contracts (vLLM <= 0.28, `_reshape_kv_cache`): each layer has raw buffers of its
 own (layers of different KV-cache groups share the i-th buffer: the hybrid allocator's pools),
 a buffer holds `num_blocks` pages, and the layer's view is the shape its backend declares for
 (kernel blocks, stored slots per kernel block, heads, head size), laid out densely in the
-backend's stride order. A padded page widens the block pitch (the block axis must then be
-outermost). A buffer shared with Mamba state keeps block b inside page b (block axis hoisted
-outermost), since Mamba addresses its state by page.
+backend's stride order.
 
 - shaped-0.19  0.19: the shape counts tokens per block; no padding, no Mamba, no kernel split.
 - shaped-0.20  0.20: the shape counts stored slots (block_size / compress_ratio); padded pages.
@@ -21,17 +25,36 @@ outermost), since Mamba addresses its state by page.
 - shaped-0.27  0.27-0.28: a Mamba layer gets one int8 view of whole pages.
 
 Layout-placed contracts (vLLM >= 0.29): every layer is a [B, H, N, C] view placed by a
-KVCacheLayout with explicit offset / layer / block strides on one backing buffer; compression is
-tokens_per_state and compressed caches split into kernel blocks too; only dense pages split.
+KVCacheLayout on one backing buffer; compression is tokens_per_state.
 
-- placed-0.29  0.29-0.31.
-- placed-0.32  0.32+: a compressed single-head cache packed block-outermost is viewed in kernel
-               pages numbered b * kernel_stride + j (map_kv_caches_to_kernel_blocks).
+- placed-0.29  0.29-0.31: a manager block splits into kernel blocks only in place, as equal
+               pieces of one dense page; 0.31 adds an integer block_stride_alignment.
+- placed-0.32  0.32+: block_stride_alignment may name whole kernel blocks (MultipleOf); a packed
+               block-outermost cache is never split in place, and a compressed single-head one is
+               viewed in kernel pages numbered b * kernel_stride + j. 0.33 and 0.34 keep it: the
+               planner moved (v1/core/kv_cache_planning.py), the views did not change.
+
+Quantized pages, every contract: a cache dtype's page is what its definition says one token of one
+KV head occupies (oracles/dtypes.py: element bytes, packing, scale bytes per token and head, each
+with the vLLM description it comes from). Who computes it in vLLM changed, not what it is: 0.20-0.27
+specs add the per-token-head scales themselves (2 * block * heads * 4 bytes before padding,
+kv_cache_interface.AttentionSpec.page_size_bytes) and size NVFP4 / INT4 elements from kv_quant_mode;
+from 0.28 the producer publishes the content (a backend's customize_spec, e.g. Triton "Per-token-head
+modes pack inline fp32 scales after each head's data"; the MLA layer's DeepSeek record sizes).
+Before 0.29 the backend's declared shape must cover that page; from 0.29 the published content is
+placed as is. 0.33 adds cache dtypes registered by platforms (vllm/config/cache.py,
+KVCacheDTypeHandler): a storage dtype and a quant mode, so a registered dtype's page is its storage
+elements, and the spec must carry the quant mode its handler returns.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
+
+F = TypeVar("F", bound=Callable[..., object])
 
 
 @dataclass(frozen=True)
@@ -44,7 +67,8 @@ class Contract:
     padded_pages: bool = False
     # "none" (no Mamba support), "per-state" (a list of state views), "page-bytes" (one int8 view).
     mamba_views: str = "none"
-    # Layout-placed 0.32+: packed compressed caches get strided kernel-page views.
+    # Layout-placed 0.32+: packed compressed caches get strided kernel-page views, and
+    # block_stride_alignment may be given in whole kernel blocks.
     packed_kernel_map: bool = False
 
 
@@ -57,3 +81,234 @@ LAYOUT_PLACED = Contract(name="placed-0.29", layout_placed=True)
 LAYOUT_PLACED_KERNEL_MAP = Contract(name="placed-0.32", layout_placed=True, packed_kernel_map=True)
 
 CONTRACTS = {c.name: c for c in (SHAPED_019, SHAPED_020, SHAPED_021, SHAPED_022, SHAPED_027, LAYOUT_PLACED, LAYOUT_PLACED_KERNEL_MAP)}
+
+
+# ------------------------------------------------------------------ the rules and their sources
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    statement: str  # the rule in one sentence (the function's docstring)
+    source: str  # where vLLM states it: file / function / test / PR, with a short quote
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule(source: str) -> Callable[[F], F]:
+    """Register a design choice of vLLM's with the place vLLM states it."""
+
+    def register(function: F) -> F:
+        doc = (function.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        RULES[function.__name__] = Rule(function.__name__, doc, source)
+        return function
+
+    return register
+
+
+# --- what a page holds (both contract families)
+
+
+@rule("vllm/v1/kv_cache_interface.py AttentionSpec (0.28+): num_head_slots is 'H of the logical [B, H, N, C] page when packing "
+      "diverges from one slot per KV head ... Published by the backend'; state_content_bytes is 'C in bytes when packed; None "
+      "means dense K/V content'; state_content_size_bytes: 'Bytes per (head slot, stored state) cell of the page'; vLLM test "
+      "tests/v1/worker/test_attn_utils.py::test_reshape_padded_kv_cache_strides_by_padded_page: 'Content dim packs K and V: 2 * head_size'")
+def state_content_bytes(published: int | None, head_size: int, head_size_v: int, element_size: int) -> int:
+    """A state holds the backend's published content, else K then V of one head slot, side by side."""
+    return published if published is not None else (head_size + head_size_v) * element_size
+
+
+@rule("vllm/v1/kv_cache_interface.py MLAAttentionSpec (0.28+): 'MLA stores a single latent vector per state; there is no "
+      "separate V.' (head_size_v = 0; before 0.28 the MLA page formula counts head_size only)")
+def mla_value_head(is_mla: bool, head_size: int) -> int:
+    """The value head size a spec without an explicit one stores: none for MLA (one latent), head_size otherwise."""
+    return 0 if is_mla else head_size
+
+
+@rule("vllm/v1/kv_cache_interface.py AttentionSpec.tokens_per_state (0.29+): 'Tokens covered by one stored state. Ints > 1 "
+      "compress multiple tokens into one state (DSv4 sparse MLA)'; compress_ratio / storage_block_size before 0.29")
+def states_per_block(block_size: int, tokens_per_state: int) -> int:
+    """A block of block_size tokens stores block_size / tokens_per_state states per head slot."""
+    return block_size // tokens_per_state
+
+
+@rule("vllm/v1/kv_cache_interface.py MambaSpec (0.29+): tokens_per_state = -1 and one head: a Mamba block holds one state, "
+      "the concatenated state tensors, viewed as bytes (0.27+: 'each gets one int8 view')")
+def mamba_page(state_bytes: list[int]) -> int:
+    """A Mamba block holds one state: its state tensors back to back, as raw bytes."""
+    return sum(state_bytes)
+
+
+@rule("vllm/v1/kv_cache_interface.py _apply_alignment_padding (0.20+, MLAAttentionSpec / SlidingWindowMLASpec): the page is "
+      "rounded up to `alignment` and recorded as page_size_padded; AttentionSpec.page_size_bytes: a set page_size_padded is the "
+      "page size (asserted >= the unpadded page)")
+def padded_page(unpadded: int, alignment: int | None, page_size_padded: int | None) -> tuple[int, bool]:
+    """(page bytes, padded): an MLA alignment rounds the page up; an explicit padded size replaces it. A page counts as padded
+    whenever a padded size is set, even one equal to the page (vLLM then takes the padded-page path)."""
+    if alignment is not None and -(-unpadded // alignment) * alignment != unpadded:
+        return -(-unpadded // alignment) * alignment, True
+    if page_size_padded is not None:
+        return page_size_padded, True
+    return unpadded, False
+
+
+# --- layout-placed contracts: where pages go
+
+
+@rule("vllm/v1/kv_cache_layout.py KVCacheLayout: 'Each member's value is a stride permutation that maps logical axes to "
+      "physical (memory) order' over the logical [L, B, H, N, <content>] (RFC #42082, PR #51718); is_block_compact: 'each "
+      "page's [H, N, C] bytes form one contiguous run; i.e. the L and B dimensions are outermost'")
+def page_grid_end(order: str) -> int:
+    """The page grid is the layout's axes up to the last of L and B; the axes after it (the page tail) hold one page."""
+    return max(order.index("L"), order.index("B"))
+
+
+@rule("vllm test tests/v1/worker/test_attn_utils.py (module docstring): 'a page_size_padded spec strides the block dimension "
+      "by the padded page while keeping per-block content compact, so padding bytes at the end of each page are never "
+      "addressed'; kv_cache_interface.compute_layout_strides: 'Page padding requires dimensions outside the page tail to be L, "
+      "B, or singleton'")
+def padding_fits(order: str, extents: dict[str, int]) -> bool:
+    """A padded page widens the pitch of the innermost page-grid axis to the padded size; that needs every axis of the grid
+    other than L and B to have size 1 (else padding would fall between the pieces of one page)."""
+    return all(extents[axis] == 1 for axis in order[: page_grid_end(order) + 1] if axis not in "LB")
+
+
+@rule("vllm/v1/core/kv_cache_utils.py get_kv_cache_config_from_groups: 'Groups alias from byte 0. ... block-outer (the same "
+      "packing repeats for every block) ... layer-outer (only supported for uniform page sizes or single-group models)'; "
+      "_get_kv_cache_bytes_per_block: 'Return the largest cache group's bytes per block'; PR #44577 (DSv4): 'pack all layer "
+      "data contiguously per block'")
+def block_outermost_pitch(group_bytes_per_block: list[int], alignments: list[int]) -> int:
+    """Block-outermost layouts: every group overlays the same blocks from byte 0, one page per layer side by side, and every
+    group's block pitch is the largest group's bytes per block, rounded up to every layer's block stride alignment."""
+    widest = max(group_bytes_per_block)
+    multiple = math.lcm(*alignments) if alignments else 1
+    return -(-widest // multiple) * multiple
+
+
+@rule("vllm/v1/core/kv_cache_utils.py _get_layer_block_stride (0.32): 'A layer-outer block stride: the page padded to its "
+      "alignment'; KVCacheSpec.block_stride_alignment (0.31): 'Required byte alignment between physical blocks, including "
+      "packed layers'")
+def layer_outer_pitch(page_bytes: int, alignment: int) -> int:
+    """Layer-outer layouts: each layer owns a region of num_blocks pages; a page is padded up to its block stride alignment."""
+    return -(-page_bytes // alignment) * alignment
+
+
+@rule("vllm/v1/core/kv_cache_utils.py get_kv_cache_config_from_groups (0.32): `assert layout.is_block_compact, f\"{layout.name} "
+      "cannot pad pages\"` when a layer-outer page is padded to its block stride alignment")
+def alignment_padding_fits(order: str) -> bool:
+    """Padding a layer-outer page to its block stride alignment needs a block-compact layout (L and B outermost)."""
+    return set(order[:2]) == {"L", "B"}
+
+
+@rule("vllm/v1/kv_cache_interface.py KVCacheSpec.block_stride_alignment (0.32): '``MultipleOf(n)``: whole kernel blocks, when "
+      "blocks are split into kernel blocks of up to ``n`` tokens'; get_block_stride_alignment: 'Bytes the stride between physical "
+      "blocks must be a multiple of'; 0.31 takes bytes only, 0.29-0.30 have no such field")
+def multiple_of_alignment(block_size: int, kernel_tokens: int, page_of: Callable[[int], int]) -> int:
+    """An alignment of MultipleOf(n) is the page of one kernel block of gcd(n, block_size) tokens; none (1) when that kernel
+    block is the whole block. 0 when such a kernel block holds no whole state (no stride can be a multiple of it)."""
+    tokens = math.gcd(kernel_tokens, block_size)
+    return 1 if tokens == block_size else page_of(tokens)
+
+
+@rule("vllm/v1/core/kv_cache_utils.py validate_kv_cache_layout: 'Mixed page sizes pack pages side by side within a block, which "
+      "needs each page to be one contiguous chunk inside its block (a block-compact layout) and, with multiple KV cache groups, "
+      "the layer dim inside the block dim'; vllm test tests/v1/attention/test_kv_cache_layout.py::"
+      "test_resolve_mixed_hnc_shapes_need_block_compact")
+def mixed_pages_fit(order: str, mixed_sizes: bool, mixed_shapes: bool, groups: int) -> bool:
+    """Groups whose pages differ in size need a block-compact layout with B outside L when there are several groups; pages
+    that differ in (heads, states) shape need a block-compact layout."""
+    block_compact = set(order[:2]) == {"L", "B"}
+    if mixed_sizes and (not block_compact or (groups > 1 and order[0] == "L")):
+        return False
+    return not (mixed_shapes and not block_compact)
+
+
+# --- kernel blocks
+
+
+@rule("vllm/v1/kv_cache_interface.py compute_layer_kv_cache_shape_bytes: 'Kernel block size {bs} must divide KV cache block "
+      "size'; AttentionSpec.tokens_per_state: 'Tokens covered by one stored state' (a state is never cut: get_num_kernel_states "
+      "counts whole states per kernel block)")
+def kernel_fits(block_size: int, kernel_block_size: int, tokens_per_state: int) -> str | None:
+    """A manager block holds a whole number of kernel blocks, and a kernel block a whole number of stored states."""
+    if block_size % kernel_block_size:
+        return "the kernel block size does not divide the block size"
+    if kernel_block_size % tokens_per_state:
+        return "a kernel block must hold a whole number of compressed states"
+    return None
+
+
+@rule("vllm/v1/kv_cache_interface.py create_kv_cache_views (0.29+): 'Kernel blocks subdivide a manager block into `ratio` equal "
+      "pieces, so they sit a constant stride apart only if a block is one dense page: no padding at its end, and no other layer's "
+      "page before the next block'; vllm test tests/v1/worker/test_attn_utils.py::"
+      "test_copy_kv_cache_blocks_with_virtual_block_splitting: 'Splitting needs a manager block to be one dense page, which a "
+      "block-outermost layout only gives when the block holds one layer'")
+def splits_in_place(dense_page: bool) -> bool:
+    """A manager block splits in place only when it is one dense page: its bytes one unpadded run, the next block right after."""
+    return dense_page
+
+
+@rule("vllm/v1/kv_cache_interface.py create_kv_cache_views: kernel blocks are 'equal pieces' of the page, viewed through "
+      "compute_layout_strides(..., kernel_block_size) over the kernel shape [B * ratio, H, N / ratio, C]; vllm test "
+      "test_copy_kv_cache_blocks_with_virtual_block_splitting: manager block 2's kernel blocks start at `2 * physical_per_logical`")
+def in_place_kernel_stride(ratio: int) -> int:
+    """Kernel block j of manager block b is view block b * ratio + j: the j-th equal piece of b's page, laid out inside as a
+    block of its own (the layout's order of H, N, C with N / ratio states). Returns the view blocks per manager block."""
+    return ratio
+
+
+@rule("vllm/v1/worker/utils.py prepare_kernel_block_sizes (0.32): 'Block-outermost packing puts other layers' pages between the "
+      "blocks, so they are never split group-wide'; AttentionGroup.map_kv_cache_to_kernel_blocks: 'Views a packed cache in "
+      "manager blocks as kernel blocks ... only compressed caches (written from their block table) can be mapped ... Kernel block "
+      "j of block b is b * kernel_block_stride + j'")
+def packed_kernel_pages(contract: Contract, packed: bool, tokens_per_state: int, heads: int) -> bool:
+    """0.32+: a packed block (block-outermost, other pages between its blocks) of a compressed single-head cache is viewed as
+    kernel pages b * kernel_stride + j, kernel_stride being the block pitch in kernel pages; other packed splits are refused."""
+    return contract.packed_kernel_map and packed and tokens_per_state > 1 and heads == 1
+
+
+# --- backend-shaped contracts
+
+
+@rule("vllm/v1/core/kv_cache_utils.py get_kv_cache_config_from_groups (<= 0.28): 'We will have group_size memory pools, each "
+      "is shared by one layer from each group. As layers of different groups have different block table, they will use different "
+      "parts of the shared Tensor.'; KVCacheTensor.shared_by: 'layer names that share the same KV cache tensor'")
+def shaped_pools(group_layers: list[tuple[str, ...]]) -> list[list[str]]:
+    """With one group every layer has a buffer of its own; with several, the i-th layer of every group shares buffer i."""
+    if len(group_layers) == 1:
+        return [[name] for name in group_layers[0]]
+    depth = max(len(layers) for layers in group_layers)
+    return [[layers[i] for layers in group_layers if i < len(layers)] for i in range(depth)]
+
+
+@rule("vllm/v1/attention/backend.py AttentionBackend.get_kv_cache_shape / get_kv_cache_stride_order (<= 0.28): 'the "
+      "permutation that gets us from get_kv_cache_shape to the actual memory layout'; attn_utils._reshape_kv_cache views the "
+      "layer's page bytes as that shape (`.view(kv_cache_shape)` over num_blocks pages)")
+def declared_shape_covers_page(shape_elements_per_block: int, element_size: int, page_bytes: int) -> bool:
+    """A backend's declared shape holds exactly one page's elements per block, laid out densely in its stride order."""
+    return shape_elements_per_block * element_size == page_bytes
+
+
+@rule("vllm/v1/worker/gpu/attn_utils.py _reshape_kv_cache (0.22): kernel_num_blocks = num_blocks * (block_size // "
+      "kernel_block_size); 0.23+ comment: 'use storage_block_size as the kernel block size for groups that apply a compression "
+      "on block size (eg. DeepSeek V4)' (PR #43988, fixing #38831)")
+def shaped_kernel_ratio(contract: Contract, block_size: int, kernel_block_size: int, compress_ratio: int) -> int:
+    """Kernel blocks per manager block: block_size / kernel_block_size where the contract splits, and 1 for a compressed cache
+    (its stored block is its kernel block)."""
+    return block_size // kernel_block_size if contract.kernel_split and compress_ratio == 1 else 1
+
+
+@rule("vllm/v1/worker/gpu/attn_utils.py (0.20-0.23) padded-page branch: 'This assumes kv_cache_shape[0] == num_blocks (i.e. "
+      "the first physical dimension is the block index)'; 0.24+: 'Padded KV pages require a num-blocks-first KV cache layout'")
+def shaped_padding_fits(block_axis_outermost: bool) -> bool:
+    """A padded page widens the block pitch to the padded size, which needs the block axis outermost in memory."""
+    return block_axis_outermost
+
+
+@rule("vllm/v1/worker/gpu/attn_utils.py _kv_first_layers_sharing_pool_with_mamba (0.28): 'Mamba addresses its state by page, "
+      "so these layers have to lay their blocks out page by page as well; otherwise block ids from the two groups resolve to "
+      "overlapping bytes' (0.21-0.26: _update_hybrid_attention_layout)")
+def mamba_pool_hoists_blocks(shares_pool_with_mamba: bool) -> bool:
+    """On a buffer shared with Mamba state, block b of every layer stays inside page b: the block axis is outermost."""
+    return shares_pool_with_mamba

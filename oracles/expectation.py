@@ -97,7 +97,9 @@ class Expectation:
     kv_sharing: dict[str, str] = field(default_factory=dict)
     kernel_block_sizes: dict[int, int] = field(default_factory=dict)
     reject_reason: str | None = None
-    reject_layer: str | None = None  # a layer of the group the reason is about
+    reject_layer: str | None = None  # a layer of the group the reason (or broken declaration) is about
+    # A backend's declaration breaks the contract: (the vLLM function that declared it, what is wrong).
+    broken_declaration: tuple[str, str] | None = None
 
     @property
     def accepted(self) -> bool:
@@ -110,6 +112,12 @@ class Expectation:
 
 def rejected(contract: str, reason: str, layer: str | None = None) -> Expectation:
     return Expectation(contract=contract, reject_reason=reason, reject_layer=layer)
+
+
+def broken(contract: str, function: str, message: str, layer: str | None) -> Expectation:
+    """A backend declared something the contract forbids: a finding whatever vLLM then does."""
+    return Expectation(contract=contract, reject_reason=f"broken declaration: {message}", reject_layer=layer,
+                       broken_declaration=(function, message))
 
 
 def with_sharers(layers: dict[str, LayerExpectation], kv_sharing: Iterable[tuple[str, str]]) -> dict[str, LayerExpectation]:

@@ -1,26 +1,28 @@
-"""Expected views under the layout-placed contract (vLLM 0.29 and later).
+"""Expected views under the layout-placed contracts (vLLM 0.29 and later), from what a layout means.
 
-The contract, as vLLM documents it in kv_cache_utils and KVCacheLayout:
-- every layer is a logical [B, H, N, C] cache (blocks, head slots, states, content bytes);
-- the layout names the physical order of [L, B, H, N, C], outermost first; axes inside the
-  page tail (after the last of L and B) are packed densely, and a padded page widens the pitch
-  of the innermost of L and B;
-- groups overlay one backing buffer from byte 0. Block-outermost layouts give every group the
-  same block pitch (the largest group's bytes per block); layer-outer layouts give each layer
-  its own region of num_blocks pages;
-- a manager block of `block_size` tokens splits into kernel blocks of `kernel_block_size`
-  tokens: kernel block j of block b holds states j*Nk .. (j+1)*Nk - 1 of block b. Dense pages
-  number kernel blocks b*ratio + j; packed block-outermost caches (when the contract has the
-  kernel map) number them b*kernel_stride + j, where kernel_stride is the block pitch in kernel
-  pages.
+Every group's cache is the logical array [L, B, H, N, C]: layers, manager blocks, head slots,
+states per block, content bytes per state (the page, oracles/pages.py). A layout names the
+physical nesting of those axes, outermost first. Nesting them in that order over the page
+geometry gives every element's byte address: the innermost axis, C, packs bytes densely, and
+each axis further out steps over everything nested inside it, so its stride is the stride times
+extent of the axis just inside it. Two things widen a step, each a design choice of vLLM's
+stated in oracles/contract.py: a padded page (the innermost axis of the page grid steps a whole
+padded page) and a block pitch fixed by the allocator (block-outermost layouts share the largest
+group's bytes per block; layer-outer pages are padded to their block stride alignment). Groups
+overlay one backing buffer from byte 0.
+
+A manager block of `block_size` tokens splits into kernel blocks of `kernel_block_size` tokens
+in place when it is one dense page: kernel block b * ratio + j is the j-th equal piece of block
+b's page, nested inside like a block of its own (N / ratio states). From 0.32 a packed block of a
+compressed single-head cache is viewed instead as kernel pages b * kernel_stride + j.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from fuzz.case import Case, GroupCase
+from oracles import contract as rules
 from oracles import pages
 from oracles.contract import Contract
 from oracles.expectation import Expectation, LayerExpectation, PageRule, ViewExpectation, rejected, with_sharers
@@ -30,27 +32,42 @@ AXES = "LBHNC"
 
 @dataclass(frozen=True)
 class Placement:
-    """Byte strides in logical [L, B, H, N, C] order for one group's layers."""
+    """One group's layers in the backing buffer."""
 
-    strides: tuple[int, int, int, int, int]
+    order: str
+    extents: dict[str, int]
+    strides: dict[str, int]  # bytes, by logical axis
     page: pages.Page
-    heads_in_page: bool
-    heads_before_states: bool
+    dense: bool  # a block is one unpadded run of page bytes and the next block starts right after it
+    packed: bool  # blocks hold other pages between this layer's pages (block-outermost packing)
+
+    @property
+    def heads_in_tail(self) -> bool:
+        return self.order.index("H") > rules.page_grid_end(self.order)
+
+
+def nest(order: str, extents: dict[str, int], pitches: dict[str, int]) -> dict[str, int]:
+    """Byte strides of axes nested in `order` (outermost first): each axis steps over everything inside it, or over the
+    pitch a contract rule gives it, whichever is more."""
+    strides: dict[str, int] = {}
+    span = 1
+    for axis in reversed(order):
+        strides[axis] = max(span, pitches.get(axis, 0))
+        span = strides[axis] * extents[axis]
+    return strides
 
 
 def expect(case: Case, contract: Contract) -> Expectation:
     reason, layer = _reject_reason(case)
     if reason is not None:
         return rejected(contract.name, reason, layer)
-    order = case.layout
-    block_outermost = order[0] == "B"
-    bytes_per_block = _bytes_per_block(case, block_outermost)
+    block_pitch = _block_outermost_pitch(case)
     layers: dict[str, LayerExpectation] = {}
     kernel_sizes: dict[int, int] = {}
     for index, group in enumerate(case.groups):
-        placement = _place(group, case.num_blocks, order, bytes_per_block if block_outermost else None)
-        if placement is None:
-            return rejected(contract.name, "a padded page needs every axis outside the page to be L, B or of size 1", group.layers[0])
+        placement = place(group, case.num_blocks, case.layout, block_pitch)
+        if isinstance(placement, str):
+            return rejected(contract.name, placement, group.layers[0])
         kernel = group.kernel_block_size or group.spec.block_size
         kernel_sizes[index] = kernel
         for position, name in enumerate(group.layers):
@@ -58,11 +75,10 @@ def expect(case: Case, contract: Contract) -> Expectation:
             if isinstance(built, str):
                 return rejected(contract.name, built, name)
             layers[name] = built
-    layers = with_sharers(layers, case.kv_sharing)
     return Expectation(
         contract=contract.name,
-        buffers=(bytes_per_block * case.num_blocks,),
-        layers=layers,
+        buffers=(buffer_bytes(case),),
+        layers=with_sharers(layers, case.kv_sharing),
         kv_sharing=dict(case.kv_sharing),
         kernel_block_sizes=kernel_sizes,
     )
@@ -72,11 +88,9 @@ def _reject_reason(case: Case) -> tuple[str | None, str | None]:
     for group in case.groups:
         spec = group.spec
         page = pages.page(spec)
-        kernel = group.kernel_block_size or spec.block_size
-        if spec.block_size % kernel:
-            return "the kernel block size does not divide the block size", group.layers[0]
-        if kernel % spec.compress_ratio:
-            return "a kernel block must hold a whole number of compressed states", group.layers[0]
+        misfit = rules.kernel_fits(spec.block_size, group.kernel_block_size or spec.block_size, spec.compress_ratio)
+        if misfit is not None:
+            return misfit, group.layers[0]
         if page.content_bytes % page.element_size:
             return "the state content is not a whole number of elements", group.layers[0]
         if page.page_bytes < page.unpadded_bytes:
@@ -85,110 +99,98 @@ def _reject_reason(case: Case) -> tuple[str | None, str | None]:
             return "the block stride alignment names a kernel block that holds no state", group.layers[0]
         if page.page_bytes % page.element_size:
             return "the padded page is not a whole number of elements", group.layers[0]
-    page_sizes = {pages.page(g.spec).page_bytes for g in case.groups}
-    order = case.layout
-    block_compact = set(order[:2]) == {"L", "B"}
-    layer_compact = order[0] == "L"
-    if len(page_sizes) > 1 and (not block_compact or (len(case.groups) > 1 and layer_compact)):
-        return "the layout cannot express mixed page sizes", None
-    shapes = {(p.heads, p.states, p.page_bytes) for p in (pages.page(g.spec) for g in case.groups)}
-    if len(shapes) > 1 and not block_compact:
-        # Pages of different (heads, states) shapes alias one block only when the block is dense.
-        return "groups with different page shapes need a block-compact layout", None
-    if order[0] != "B" and not block_compact:
-        for group in case.groups:
-            page = pages.page(group.spec)
-            if pages.round_up(page.page_bytes, page.block_stride_alignment) != page.page_bytes:
-                return "a layout that is not block-compact cannot pad its pages", group.layers[0]
+    group_pages = [pages.page(g.spec) for g in case.groups]
+    mixed_sizes = len({p.page_bytes for p in group_pages}) > 1
+    mixed_shapes = len({(p.heads, p.states, p.page_bytes) for p in group_pages}) > 1
+    if not rules.mixed_pages_fit(case.layout, mixed_sizes, mixed_shapes, len(case.groups)):
+        return "the layout cannot express these groups' mixed pages", None
     return None, None
 
 
 def buffer_bytes(case: Case) -> int:
     """Bytes of the one backing buffer the contract lays this case out in."""
-    return _bytes_per_block(case, case.layout[0] == "B") * case.num_blocks
+    pitch = _block_outermost_pitch(case)
+    if pitch is not None:
+        return pitch * case.num_blocks
+    return max(len(g.layers) * _layer_outer_pitch(pages.page(g.spec)) for g in case.groups) * case.num_blocks
 
 
-def _bytes_per_block(case: Case, block_outermost: bool) -> int:
-    # (layers, page bytes, stride alignment); an alignment of 0 (no valid stride) is a rejection
-    # reason of its own, counted as 1 here so sizing never divides by it.
-    sizes = [(len(g.layers), p.page_bytes, max(1, p.block_stride_alignment)) for g, p in ((g, pages.page(g.spec)) for g in case.groups)]
-    if not block_outermost:
-        return max(count * pages.round_up(page, align) for count, page, align in sizes)
-    widest = max(count * page for count, page, _ in sizes)
-    return pages.round_up(widest, math.lcm(*(align for _, _, align in sizes)))
-
-
-def _place(group: GroupCase, num_blocks: int, order: str, block_pitch: int | None) -> Placement | None:
-    page = pages.page(group.spec)
-    if block_pitch is None:
-        aligned = pages.round_up(page.page_bytes, page.block_stride_alignment)
-        block_pitch = aligned if aligned != page.page_bytes else None
-    extents = {"L": len(group.layers), "B": num_blocks, "H": page.heads, "N": page.states, "C": page.content_bytes}
-    # The page tail starts after the last of L and B in the layout's order (vLLM's rule: structural,
-    # whatever the sizes).
-    grid_end = max(order.index("L"), order.index("B"))
-    if page.padded and any(extents[axis] != 1 for axis in order[: grid_end + 1] if axis in "HNC"):
+def _block_outermost_pitch(case: Case) -> int | None:
+    if case.layout[0] != "B":
         return None
-    strides: dict[str, int] = {}
-    pitch = 1
-    for position in range(len(order) - 1, -1, -1):
-        axis = order[position]
-        if position == grid_end and page.padded:
-            pitch = max(pitch, page.page_bytes)
-        strides[axis] = block_pitch if (axis == "B" and block_pitch is not None) else pitch
-        pitch = strides[axis] * extents[axis]
-    return Placement(
-        strides=tuple(strides[a] for a in AXES),  # type: ignore[arg-type]
-        page=page,
-        heads_in_page=order.index("H") > grid_end,
-        heads_before_states=order.index("H") < order.index("N"),
-    )
+    group_pages = [(len(g.layers), pages.page(g.spec)) for g in case.groups]
+    # An alignment of 0 (no valid stride) is a rejection reason of its own; counted as 1 here so sizing never divides by it.
+    return rules.block_outermost_pitch([count * p.page_bytes for count, p in group_pages],
+                                       [max(1, p.block_stride_alignment) for _, p in group_pages])
 
 
-def _layer_view(
-    name: str,
-    group_index: int,
-    position: int,
-    group: GroupCase,
-    num_blocks: int,
-    placement: Placement,
-    kernel: int,
-    contract: Contract,
-) -> LayerExpectation | str:
+def _layer_outer_pitch(page: pages.Page) -> int:
+    return rules.layer_outer_pitch(page.page_bytes, max(1, page.block_stride_alignment))
+
+
+def place(group: GroupCase, num_blocks: int, order: str, block_outermost_pitch: int | None) -> Placement | str:
+    """The group's layers nested in the layout's order, or why the contract cannot place them."""
+    page = pages.page(group.spec)
+    extents = {"L": len(group.layers), "B": num_blocks, "H": page.heads, "N": page.states, "C": page.content_bytes}
+    pitches: dict[str, int] = {}
+    if page.padded:
+        if not rules.padding_fits(order, extents):
+            return "a padded page needs every axis outside the page tail to be L, B or of size 1"
+        pitches[order[rules.page_grid_end(order)]] = page.page_bytes
+    if block_outermost_pitch is not None:
+        pitches["B"] = block_outermost_pitch
+    else:
+        pitch = _layer_outer_pitch(page)
+        if pitch != page.page_bytes:
+            if not rules.alignment_padding_fits(order):
+                return "a layout that is not block-compact cannot pad its pages to their block stride alignment"
+            pitches["B"] = max(pitch, pitches.get("B", 0))
+    strides = nest(order, extents, pitches)
+    dense = not page.padded and strides["B"] == page.unpadded_bytes and _contiguous(strides, extents, "HNC")
+    packed = order.index("B") < order.index("L") and strides["B"] > page.page_bytes
+    return Placement(order=order, extents=extents, strides=strides, page=page, dense=dense, packed=packed)
+
+
+def _contiguous(strides: dict[str, int], extents: dict[str, int], axes: str) -> bool:
+    """Whether `axes` address one gapless run of bytes from their origin."""
+    span = 1
+    for axis in sorted((a for a in axes if extents[a] > 1), key=lambda a: strides[a]):
+        if strides[axis] != span:
+            return False
+        span *= extents[axis]
+    return True
+
+
+def _layer_view(name: str, group_index: int, position: int, group: GroupCase, num_blocks: int, placement: Placement,
+                kernel: int, contract: Contract) -> LayerExpectation | str:
     spec = group.spec
     page = placement.page
-    layer_stride, block_stride, head_stride, state_stride, _ = placement.strides
+    strides = placement.strides
     ratio = spec.block_size // kernel
     kernel_states = page.states // ratio
-    dense = block_stride == page.heads * page.states * page.content_bytes
-    if ratio > 1 and dense and page.padded:
-        return "a padded page cannot be split into kernel blocks"
-    if ratio > 1 and dense and not placement.heads_in_page and page.heads > 1:
-        # A kernel block would hold a piece of every head's run: not one strided block.
-        return "a page whose heads lie outside the page tail cannot be split into kernel blocks"
-    if ratio == 1 or dense:
-        kernel_stride, view_blocks = ratio, num_blocks * ratio
-    elif contract.packed_kernel_map and spec.compress_ratio > 1 and page.heads == 1:
-        kernel_page = kernel_states * state_stride
-        if block_stride % kernel_page:
+    if ratio == 1:
+        view_blocks, kernel_stride, view_strides = num_blocks, 1, strides
+    elif rules.splits_in_place(placement.dense):
+        # Each kernel block nested like a block of its own, its blocks one piece of a page apart.
+        kernel_stride = rules.in_place_kernel_stride(ratio)
+        view_blocks = num_blocks * kernel_stride
+        view_strides = nest(placement.order, {**placement.extents, "B": view_blocks, "N": kernel_states},
+                            {"B": strides["B"] // ratio})
+    elif rules.packed_kernel_pages(contract, placement.packed, spec.compress_ratio, page.heads):
+        kernel_page = kernel_states * strides["N"]
+        if strides["B"] % kernel_page:
             return "packed blocks are not a whole number of kernel pages apart"
-        kernel_stride = block_stride // kernel_page
+        kernel_stride = strides["B"] // kernel_page
         view_blocks = (num_blocks - 1) * kernel_stride + ratio
+        view_strides = {**strides, "B": kernel_page}
     else:
         return "a manager block that is not one dense page cannot be split into kernel blocks"
-
-    # A kernel block is the j-th of `ratio` equal pieces of its block's page, laid out inside
-    # in the layout's own order of H and N (with Nk states), as if it were a block of its own.
-    if ratio > 1 and placement.heads_in_page and page.heads > 1:
-        if placement.heads_before_states:
-            head_stride, state_stride = kernel_states * page.content_bytes, page.content_bytes
-        else:
-            head_stride, state_stride = page.content_bytes, page.heads * page.content_bytes
-    piece_bytes = page.heads * kernel_states * page.content_bytes if dense else kernel_states * state_stride
+    if any(step % page.element_size for step in (view_strides["B"], view_strides["H"], view_strides["N"], position * strides["L"])):
+        return "a block pitch or layer offset is not a whole number of elements"
     view = ViewExpectation(
         shape=(view_blocks, page.heads, kernel_states, page.content_bytes // page.element_size),
-        byte_strides=(block_stride if ratio == 1 else piece_bytes, head_stride, state_stride, page.element_size),
-        byte_offset=position * layer_stride,
+        byte_strides=(view_strides["B"], view_strides["H"], view_strides["N"], page.element_size),
+        byte_offset=position * strides["L"],
         buffer=0,
         dtype="int8" if spec.kind == "mamba" else spec.dtype,
         element_size=page.element_size,
@@ -200,16 +202,16 @@ def _layer_view(
 
 
 def _page_rule(position: int, placement: Placement) -> PageRule:
-    layer_stride, block_stride, head_stride, _, _ = placement.strides
-    page = placement.page
-    if placement.heads_in_page:
+    """The bytes manager block b of this layer owns: its page, or with heads outside the page tail, one run per head."""
+    page, strides = placement.page, placement.strides
+    if placement.heads_in_tail:
         starts, length = (0,), page.page_bytes
     else:
-        starts, length = tuple(h * head_stride for h in range(page.heads)), page.states * page.content_bytes
+        starts, length = tuple(h * strides["H"] for h in range(page.heads)), page.states * page.content_bytes
     return PageRule(
-        origin=position * layer_stride,
-        block_pitch=block_stride,
+        origin=position * strides["L"],
+        block_pitch=strides["B"],
         span_starts=starts,
         span_len=length,
-        pad_start=page.unpadded_bytes if page.padded and placement.heads_in_page else length,
+        pad_start=page.unpadded_bytes if page.padded and placement.heads_in_tail else length,
     )

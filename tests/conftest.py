@@ -21,6 +21,7 @@ def synthetic_info(contract=LAYOUT_PLACED_KERNEL_MAP, layouts=("LBHNC", "LBNHC",
         backends=(BackendInfo("A", False, ("x16",), None, ("bfloat16", "float16"), ("auto", "fp8")),
                   BackendInfo("M", True, (64,), None, ("bfloat16",), ("auto", "fp8_ds_mla"), compresses=True)),
         layouts=layouts, spec_fields={kind: EVERY_FIELD for kind in ALL_KINDS},
+        cache_dtypes={"auto": None, "fp8": "uint8", "fp8_ds_mla": "uint8"}, quant_modes=("none", "fp8_per_tensor"),
     )
 
 

@@ -185,12 +185,12 @@ def crashing_target() -> CrashingTarget:
 
 
 def segfaults(case: Case) -> bool:
-    return case.num_blocks == 4 and case.layout == "LBHNC" and case.groups[0].spec.block_size == 512
+    return case.num_blocks == 2 and case.layout == "LBHNC" and case.groups[0].spec.block_size == 64
 
 
 def hangs(case: Case) -> bool:
     spec = case.groups[0].spec
-    return case.num_blocks == 3 and case.layout == "BLNHC" and spec.block_size == 256 and spec.kind == "full"
+    return case.num_blocks == 3 and case.layout == "BLNHC" and spec.block_size == 16 and spec.kind == "full"
 
 
 class CrashingTarget:

@@ -30,7 +30,7 @@ def test_sigint_flushes_the_report_and_a_rerun_resumes(tmp_path):
     found = {f["signature"] for f in data["findings"]}
     assert all((corpus / f["case_file"].split("/")[-1]).exists() for f in data["findings"])
 
-    rerun = start(corpus, tmp_path / "again.json", "--max-cases", str(data["cases"]), "--quiet")
+    rerun = start(corpus, tmp_path / "again.json", "--max-cases", str(data["cases"]), "--max-time", "300", "--quiet")
     assert rerun.wait(timeout=300) == 0, "the same cases again: every finding is already known"
     again = json.loads((tmp_path / "again.json").read_text())
     assert not {f["signature"] for f in again["findings"]} & found

@@ -40,3 +40,12 @@ def test_malformed_case_names_the_field(edit, field):
 def test_invalid_json_is_one_line():
     with pytest.raises(CaseError, match="not valid JSON"):
         loads("{oops")
+
+
+def test_a_layout_is_named_as_each_release_names_it():
+    from fuzz.case import KV_CACHE_LAYOUTS, LEGACY_LAYOUTS, layout_as
+
+    assert layout_as("LBNHC", LEGACY_LAYOUTS) == "NHD" and layout_as("LBHNC", LEGACY_LAYOUTS) == "HND"
+    assert layout_as("NHD", KV_CACHE_LAYOUTS) == "LBNHC" and layout_as("HND", KV_CACHE_LAYOUTS) == "LBHNC"
+    assert layout_as("BLNHC", KV_CACHE_LAYOUTS) == "BLNHC"
+    assert layout_as("BLNHC", LEGACY_LAYOUTS) is None  # no legacy name: the release cannot express it

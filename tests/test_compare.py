@@ -120,6 +120,8 @@ def test_production_sized_cache_is_classified_without_enumerating():
 
 
 def test_errors_are_judged_by_whether_the_contract_expresses_the_case():
+    """A refusal of a case the contract expresses is refused-valid; vLLM promises a ValueError with a message for a case
+    it cannot express, so an assertion there is assert-on-invalid and any other error crash-on-invalid."""
     from fuzz.case import SpecCase
     from fuzz.targets.base import Outcome
     from fuzz.verdict.compare import compare
@@ -136,12 +138,13 @@ def test_errors_are_judged_by_whether_the_contract_expresses_the_case():
         verdict = compare(case, expectation, Outcome(error_type=error_type, error_message="out of bounds 12", error_function="f"))
         return verdict.status, verdict.finding.kind if verdict.finding else None
 
-    assert judge(valid, accepted, "ValueError") == ("rejected", None)
+    assert judge(valid, accepted, "ValueError") == ("finding", "refused-valid")
+    assert judge(valid, accepted, "NotImplementedError") == ("finding", "refused-valid")
     assert judge(valid, accepted, "AssertionError") == ("finding", "crash-on-valid")
     assert judge(valid, accepted, "RuntimeError") == ("finding", "crash-on-valid")
     assert judge(invalid, refused, "ValueError") == ("rejected", None)
     assert judge(invalid, refused, "NotImplementedError") == ("rejected", None)
-    assert judge(invalid, refused, "AssertionError") == ("rejected", None)
+    assert judge(invalid, refused, "AssertionError") == ("finding", "assert-on-invalid")
     assert judge(invalid, refused, "RuntimeError") == ("finding", "crash-on-invalid")
     assert judge(invalid, refused, "ZeroDivisionError") == ("finding", "crash-on-invalid")
     assert judge(invalid, refused, "IndexError") == ("finding", "crash-on-invalid")

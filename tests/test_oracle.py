@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from fuzz.case import SpecCase
 from fuzz.strategies import cases
-from oracles import LAYOUT_PLACED_KERNEL_MAP, expect
+from oracles import LAYOUT_PLACED, LAYOUT_PLACED_KERNEL_MAP, expect
 from tests.conftest import one_group, synthetic_info
 
 
@@ -58,12 +58,22 @@ def test_kernel_split_hnd_makes_each_kernel_block_a_sub_page():
     assert view.element_blocks().reshape(8, -1)[:, 0].tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
-def test_split_with_heads_outside_the_page_tail_is_rejected():
-    # BHLNC puts H before L: a kernel block would take a piece of every head's run, which no
-    # strided view expresses (0.29-0.31 built out-of-bounds strides for it; 0.32 refuses it).
+def test_split_of_one_dense_page_with_heads_outside_the_page_tail():
+    # BHLNC with one layer: a block is one dense page, head 0's states then head 1's. Kernel block
+    # 2b + j is the j-th half of that page, nested like a block of its own (0.29-0.31 built strides
+    # past the buffer for it; 0.32 keeps the manager block and refuses to map it).
+    spec = SpecCase(kind="full", block_size=32, num_kv_heads=2, head_size=16)  # 2 x 32 states x 64 B = 4096 B
+    for contract in (LAYOUT_PLACED, LAYOUT_PLACED_KERNEL_MAP):
+        view = view_of(expect(one_group(spec, layout="BHLNC", blocks=2, kernel=16), contract))
+        assert view.shape == (4, 2, 16, 32)
+        assert view.byte_strides == (2048, 1024, 64, 2)
+
+
+def test_split_with_other_pages_between_blocks_is_rejected():
     spec = SpecCase(kind="full", block_size=32, num_kv_heads=2, head_size=16)
-    e = expect(one_group(spec, layout="BHLNC", blocks=1, kernel=16), LAYOUT_PLACED_KERNEL_MAP)
-    assert not e.accepted and "heads" in e.reject_reason
+    for layout, layers in (("BHLNC", ("l0", "l1")), ("BLNHC", ("l0", "l1")), ("LHBNC", ("l0",))):
+        e = expect(one_group(spec, layout=layout, blocks=1, kernel=16, layers=layers), LAYOUT_PLACED_KERNEL_MAP)
+        assert not e.accepted and "dense page" in e.reject_reason, layout
 
 
 def test_split_of_padded_page_is_rejected():

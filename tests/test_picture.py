@@ -23,9 +23,10 @@ HALF_STATE_KERNEL = {"schema": 1, "num_blocks": 2, "layout": "LBNHC", "groups": 
     "layers": ["l0"], "kernel_block_size": 64, "synthetic_backend": {"name": "half", "kernel_block_sizes": [64]},
     "spec": {"kind": "mla", "block_size": 128, "head_size": 512, "dtype": "float16", "compress_ratio": 128, "model_version": "deepseek_v4"}}]}
 # No kernel block size of 48 divides a 16-token block: vLLM refuses with ValueError, a rejection.
-NO_COMMON_BLOCK = {"schema": 1, "num_blocks": 2, "layout": "LBNHC", "groups": [{
-    "layers": ["l0"], "synthetic_backend": {"name": "odd", "kernel_block_sizes": [48]},
-    "spec": {"kind": "full", "block_size": 16, "num_kv_heads": 2, "head_size": 64}}]}
+# Two layers packed block-outermost, split into kernel blocks: the contract and vLLM both refuse it.
+PACKED_SPLIT = {"schema": 1, "num_blocks": 2, "layout": "BLNHC", "groups": [{
+    "layers": ["l0", "l1"], "synthetic_backend": {"name": "sixteen", "kernel_block_sizes": [16]}, "kernel_block_size": 16,
+    "spec": {"kind": "full", "block_size": 32, "num_kv_heads": 2, "head_size": 64}}]}
 SET_STORAGE = ("setStorage: sizes [256, 2, 584], strides [1728, 584, 1], storage offset 0, and itemsize 1 requiring a storage "
                "size of 441808 are out of bounds for storage of size 3456")
 
@@ -75,7 +76,7 @@ def test_failing_case(target, tmp_path):
 
 
 def test_rejected_case(target, tmp_path):
-    result = run_case(target, from_dict(NO_COMMON_BLOCK), "cpu")
+    result = run_case(target, from_dict(PACKED_SPLIT), "cpu")
     assert result.verdict.status == "rejected", result.verdict
     draw(result, tmp_path / "rejected.png")
     assert_sane_png(tmp_path / "rejected.png")

@@ -99,10 +99,27 @@ def test_mamba_state_views_are_packed_in_the_page():
     assert page_bytes.addresses_padding
 
 
-def test_shape_that_does_not_cover_the_page_is_rejected():
-    short = SyntheticBackend("short", shape=("B", "T", "H", "D"))  # K only: half the page
-    e = expect(one_group(FULL, layout="NHD", backend=short), SHAPED_022)
-    assert not e.accepted and "cover" in e.reject_reason
+def test_declarations_that_break_the_contract_are_findings_of_their_own():
+    # K only: half of the 8192-byte page.
+    short = one_group(FULL, layout="NHD", backend=SyntheticBackend("short", shape=("B", "T", "H", "D")))
+    assert expect(short, SHAPED_022).broken_declaration == (
+        "get_kv_cache_shape", "synthetic:short declares cache shape [4, 16, 2, 64]: 4096 bytes per block for a page of 8192 bytes")
+    declared = one_group(FULL, layout="NHD", backend=KV_INNER)
+    group = declared.groups[0]
+
+    def with_declaration(shape, order):
+        return dataclasses.replace(declared, groups=(dataclasses.replace(group, declared_shape=shape, declared_stride_order=order),))
+
+    cases = {
+        "order is no permutation": with_declaration(("B", 2, "T", "H", "D"), (0, 1, 2, 3, 3)),
+        "two block axes": with_declaration(("B", "B", "T", "H", "2*D"), None),
+        "tokens outside the blocks": with_declaration(("B", 2, "T", "H", "D"), (2, 0, 1, 3, 4)),
+    }
+    for why, case in cases.items():
+        e = expect(case, SHAPED_022)
+        assert e.broken_declaration is not None and not e.accepted, why
+    # K/V first (2, B, ...) keeps each block's K and V pages: a declaration the contract allows.
+    assert expect(with_declaration((2, "B", "T", "H", "D"), None), SHAPED_022).accepted
 
 
 def test_padded_kv_first_is_rejected():

@@ -65,8 +65,13 @@ def _count(info, examples):
             counts["dtype=" + spec.dtype] += 1
             counts["cache=" + spec.cache_dtype] += 1
             counts["padded"] += pages.page(spec).padded
-            counts["ratio=%d" % spec.compress_ratio] += 1
+            ratio = spec.compress_ratio
+            counts["ratio=1" if ratio == 1 else "ratio=2" if ratio == 2 else "ratio=power-of-two" if ratio & (ratio - 1) == 0
+                   else "ratio=other"] += 1
             counts["storage-block-1"] += spec.block_size == spec.compress_ratio
+            counts["block=power-of-two" if spec.block_size & (spec.block_size - 1) == 0 else "block=other"] += 1
+            counts["kernel-does-not-split-states"] += (group.kernel_block_size or spec.block_size) % ratio != 0
+            counts["head=odd"] += spec.head_size % 2
             counts["kernel-split"] += (group.kernel_block_size or spec.block_size) < spec.block_size
             counts["synthetic"] += group.synthetic_backend is not None
 
@@ -76,7 +81,10 @@ def _count(info, examples):
 
 def test_generators_reach_every_option(placed_info):
     counts = _count(placed_info, 1500)
-    wanted = (["groups=1", "groups=2", "sharing", "padded", "ratio=4", "ratio=128", "storage-block-1", "kernel-split", "synthetic"]
+    # Edges of every numeric range, not the numbers of known bugs: compress ratios 2, other powers of two and others, a
+    # stored block of one state, block sizes that are not powers of two, odd head sizes, kernel blocks cutting a state.
+    wanted = (["groups=1", "groups=2", "sharing", "padded", "ratio=2", "ratio=power-of-two", "ratio=other", "storage-block-1",
+               "kernel-split", "synthetic", "block=power-of-two", "block=other", "kernel-does-not-split-states", "head=odd"]
               + ["kind=" + k for k in placed_info.spec_kinds] + ["layout=" + name for name in placed_info.layouts]
               + ["dtype=" + d for d in ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2", "uint8", "int8")]
               + ["cache=auto", "cache=fp8", "cache=fp8_ds_mla"])

@@ -51,7 +51,7 @@ def known_findings(tmp_path):
 def test_short_campaign_has_no_unexplained_finding(kvfuzz_target, known_findings, tmp_path):
     report_path = tmp_path / "report.json"
     out = io.StringIO()
-    code = main(["run", "--max-cases", "400", "--seed", "3", "--device", "cpu", "--corpus", str(known_findings),
+    code = main(["run", "--max-cases", "400", "--max-time", "300", "--seed", "3", "--device", "cpu", "--corpus", str(known_findings),
                  "--report", str(report_path), "--junit", str(tmp_path / "junit.xml"), "--quiet"], stdout=out)
     report = json.loads(report_path.read_text())
     assert report["cases"] == 400
@@ -63,7 +63,7 @@ def test_short_campaign_has_no_unexplained_finding(kvfuzz_target, known_findings
 def test_a_minimized_finding_names_a_layer_of_its_own_case(tmp_path):
     # With no known findings, the latent findings of the installed release are new again.
     report_path = tmp_path / "report.json"
-    main(["run", "--max-cases", "400", "--seed", "3", "--device", "cpu", "--corpus", str(tmp_path / "findings"),
+    main(["run", "--max-cases", "400", "--max-time", "300", "--seed", "3", "--device", "cpu", "--corpus", str(tmp_path / "findings"),
           "--report", str(report_path), "--quiet"], stdout=io.StringIO())
     findings = json.loads(report_path.read_text())["findings"]
     assert findings
@@ -100,7 +100,7 @@ def test_explain_prints_both_sides(kvfuzz_target):
     case = CORPUS / "seeds" / "dsv4-ratio128-1728-page.json"
     assert main(["explain", str(case), "--device", "cpu"], stdout=out) == 0
     text = out.getvalue()
-    assert "(2, 1, 2, 584)" in text and "[1728, 584, 584, 1]" in text
+    assert "(2, 1, 2, 584)" in text and "(1728, 584, 584, 1)" in text and text.count("(2, 1, 2, 584)") == 2
     data_out = io.StringIO()
     main(["explain", str(case), "--device", "cpu", "--json"], stdout=data_out)
     layer = json.loads(data_out.getvalue())["layers"]["l0"]

@@ -35,7 +35,8 @@ class Progress:
     def line(self, report: Report) -> str:
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(report.findings_by_kind().items())) or "none"
         left = max(0.0, self.max_time - report.elapsed_s)
-        return (f"kvfuzz: {report.cases} cases, {report.cases_per_s:.0f}/s, findings: {kinds}, "
+        flaky = f" ({len(report.flaky)} flaky or unconfirmed)" if report.flaky else ""
+        return (f"kvfuzz: {report.cases} cases, {report.cases_per_s:.0f}/s, findings: {kinds}{flaky}, "
                 f"{report.elapsed_s:.0f} s elapsed, {left:.0f} s left, {report.restarts} restarts")
 
     def _table(self, report: Report) -> Any:
@@ -48,6 +49,8 @@ class Progress:
         table.add_row("elapsed / left", f"{report.elapsed_s:.0f} s / {left:.0f} s")
         table.add_row("verdicts", ", ".join(f"{k} {v:,}" for k, v in sorted(report.verdicts.items())))
         table.add_row("new findings", ", ".join(f"{k} {n}" for k, n in sorted(report.findings_by_kind().items())) or "none")
+        if report.flaky:
+            table.add_row("flaky / unconfirmed", str(len(report.flaky)))
         table.add_row("workers / restarts", f"{report.workers} / {report.restarts}")
         return table
 
@@ -61,7 +64,8 @@ class Progress:
             for column in ("kind", "signature", "latent", "case file"):
                 table.add_column(column)
             for record in report.findings:
-                table.add_row(record.finding.kind, record.finding.signature, "yes" if record.finding.latent else "", str(record.path))
+                table.add_row(record.finding.kind, record.finding.signature, "yes" if record.finding.latent else "",
+                              str(record.path) if record.path is not None else "not written")
             Console(file=self.out).print(self._table(report))
             if report.findings:
                 Console(file=self.out).print(table)

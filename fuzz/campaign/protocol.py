@@ -10,7 +10,7 @@ coordinator -> worker : FUZZ {batch, seed, start, count, synthetic, device, know
                         EXECUTE {id, case, device, probe}, ACK {}, STOP {}
 worker -> coordinator : HELLO {worker, pid}, FINDING {batch, index, case, finding},
                         MINIMIZED {batch, index, case, finding, steps}, BATCH {batch, done, tallies...},
-                        EXECUTED {id, execution}
+                        EXECUTED {id, execution} or {id, error} (kvfuzz could not run the case)
 """
 
 from __future__ import annotations
@@ -48,13 +48,14 @@ def receive(conn: Connection) -> tuple[str, dict[str, Any]]:
     return name, payload
 
 
-IDLE, RUNNING, SHRINKING = 0, 1, 2  # Slot phases
+IDLE, RUNNING, SHRINKING, WAITING = 0, 1, 2, 3  # Slot phases
 
 
 class Slot:
     """What a worker is doing right now, in a small shared file the coordinator can read after
     the worker died: (batch, case index, start time in ns, phase). While SHRINKING, the case is
-    the finding being shrunk and the time is the current candidate's start."""
+    the finding being shrunk and the time is the current candidate's start. WAITING: the case
+    found something and the worker waits for the coordinator's ack, which takes no case timeout."""
 
     FORMAT = "<qqqq"
     SIZE = struct.calcsize(FORMAT)

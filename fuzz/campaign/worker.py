@@ -1,15 +1,21 @@
 """The target side of a campaign: a zygote that imports vLLM once, and workers forked from it.
 
-`python -m fuzz.campaign.worker SOCKET` starts the zygote with the target's vLLM first on its
-path. It imports the adapter, reports the target's declarations (READY), then forks a worker
-for every SPAWN: a fork costs milliseconds, a fresh vLLM import seconds, so a worker the target
-killed comes back fast. Workers ignore SIGINT (Ctrl-C belongs to the coordinator, so a
-KeyboardInterrupt inside a worker can only come from the target), cap their own memory, and
-record the case in flight in their Slot before running it.
+`python -m fuzz.campaign.worker SOCKET PARENT MAX_MEMORY` starts the zygote with the target's
+vLLM first on its path. It imports the adapter, reports the target's declarations (READY), then
+forks a worker for every SPAWN: a fork costs milliseconds, a fresh vLLM import seconds, so a
+worker the target killed comes back fast. Workers ignore SIGINT (Ctrl-C belongs to the
+coordinator, so a KeyboardInterrupt inside a worker can only come from the target), cap their own
+memory, and record the case in flight in their Slot before running it.
+
+Neither outlives its parent: the zygote holds a parent-death signal (SIGKILL) tied to the
+coordinator, each worker one tied to the zygote, so killing the coordinator, even with SIGKILL,
+takes all of them down. The zygote caps its memory too, so a target that allocates without end
+while it is imported fails the start instead of taking the machine down.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
 import signal
@@ -24,6 +30,7 @@ from typing import Any
 from fuzz.campaign import protocol
 from fuzz.case import from_dict, to_dict
 from fuzz.corpus.minimize import shrink_finding
+from fuzz.errors import TargetError
 from fuzz.space import Rejected, draw_indexed
 from fuzz.targets.base import Target
 from fuzz.verdict.findings import Finding, normalize
@@ -36,8 +43,26 @@ def connect(address: str) -> Connection:
     return Connection(sock.detach())
 
 
-def zygote_main(address: str) -> None:
+PR_SET_PDEATHSIG = 1
+# What the zygote may allocate at least (vLLM's and torch's import takes well under it) before it counts as a memory hog.
+IMPORT_MEMORY = 3 << 29
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGKILL this process when `parent` (the process that started it) ends (Linux; elsewhere a no-op)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent ended before the signal was armed
+        os._exit(1)
+
+
+def zygote_main(address: str, parent: int, max_memory: int) -> None:
+    die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _limit_memory(max(max_memory, IMPORT_MEMORY) if max_memory > 0 else 0)
     control = connect(address)
     try:
         from fuzz.targets import load_local
@@ -65,7 +90,7 @@ def zygote_main(address: str) -> None:
             pid = os.fork()
             if pid == 0:
                 control.close()
-                _worker_main(address, target, payload)
+                _worker_main(address, target, payload, zygote=os.getppid())
                 os._exit(0)
             children[pid] = payload["worker"]
     for pid in children:
@@ -109,9 +134,10 @@ def _limit_memory(max_bytes: int) -> None:
         pass
 
 
-def _worker_main(address: str, target: Target, spawn: dict[str, Any]) -> None:
+def _worker_main(address: str, target: Target, spawn: dict[str, Any], zygote: int) -> None:
     # A session of its own: the scheduler (autogroup) then shares CPU per worker, not per zygote.
     os.setsid()
+    die_with_parent(zygote)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # Die at once on a fatal signal: the handlers some libraries install print symbolized stack
@@ -150,7 +176,12 @@ class Worker:
 
     def execute(self, payload: dict[str, Any]) -> None:
         self.slot.start(-1, payload["id"])
-        execution = self.target.execute(from_dict(payload["case"]), payload["device"], probe=bool(payload.get("probe")))
+        try:
+            execution = self.target.execute(from_dict(payload["case"]), payload["device"], probe=bool(payload.get("probe")))
+        except Exception as error:  # noqa: BLE001 - kvfuzz's own failure (or a call that does not fit vLLM): the caller's error
+            self.slot.finish()
+            protocol.send(self.conn, protocol.EXECUTED, {"id": payload["id"], "error": _one_line(error)})
+            return
         self.slot.finish()
         protocol.send(self.conn, protocol.EXECUTED, {"id": payload["id"], "execution": execution.to_dict()})
 
@@ -159,8 +190,12 @@ class Worker:
         if task.get("campaign") != self.campaign:  # a worker outlives campaigns: forget the last one's findings
             self.campaign, self.known = task.get("campaign"), set()
         self.known.update(task.get("known", ()))
-        tallies: dict[str, Counter[str]] = {"verdicts": Counter(), "rejections": Counter(), "skips": Counter(), "errors": Counter()}
+        tallies: dict[str, Counter[str]] = {"verdicts": Counter(), "rejections": Counter(), "skips": Counter(), "errors": Counter(),
+                                            "mismatches": Counter()}
+        internal: dict[str, dict[str, Any]] = {}  # the first case of each kvfuzz error in this batch, saved by the coordinator
         began = time.monotonic()
+        # Shrinking a finding here stops when the campaign's time does (counted from receipt: clocks of other machines differ).
+        shrink_until = began + task.get("shrink_seconds", 60.0)
         batch, info = task["batch"], self.target.info
         self.target.max_buffer_bytes = task.get("max_buffer_bytes", 1 << 30)  # type: ignore[attr-defined]
         probe_every = task.get("probe_every", 0)
@@ -178,9 +213,20 @@ class Worker:
             device = "meta" if scale == "production" and not probe else task["device"]
             try:
                 result = run_case(self.target, case, device, probe=probe)
-            except Exception as error:  # noqa: BLE001 - a kvfuzz bug must not pass for a target crash
+            except TargetError as error:  # kvfuzz's call does not fit this vLLM: the coordinator decides
                 tallies["verdicts"]["internal-error"] += 1
-                tallies["errors"][f"{type(error).__name__}: {error}".splitlines()[0][:200]] += 1
+                tallies["mismatches"][str(error)] += 1
+                continue
+            except Exception as error:  # noqa: BLE001 - a kvfuzz bug must not pass for a target crash
+                result = None
+                message = _one_line(error)[:200]
+            else:
+                # A drawn case that vLLM derives differently from the generator is the generator's bug.
+                message = f"case error: {result.verdict.reason}"[:200] if result.verdict.status == "case-error" else None
+            if result is None or message is not None:
+                tallies["verdicts"]["internal-error"] += 1
+                tallies["errors"][message] += 1
+                internal.setdefault(message, {"error": message, "index": index, "case": to_dict(case)})
                 continue
             verdict = result.verdict
             tallies["verdicts"][verdict.status] += 1
@@ -191,13 +237,14 @@ class Worker:
             finding = verdict.finding
             if finding is not None and finding.signature not in self.known:
                 self.known.add(finding.signature)
-                self._report(batch, index, case, result.case, finding.to_dict(), device)
+                self._report(batch, index, case, finding.to_dict(), device, shrink_until)
         self.slot.finish()
         protocol.send(self.conn, protocol.BATCH, {"batch": batch, "done": task["count"], "elapsed": time.monotonic() - began,
-                                                  **{k: dict(v) for k, v in tallies.items()}})
+                                                  "internal": list(internal.values()), **{k: dict(v) for k, v in tallies.items()}})
 
-    def _report(self, batch: int, index: int, case: Any, declared: Any, finding: dict[str, Any], device: str) -> None:
+    def _report(self, batch: int, index: int, case: Any, finding: dict[str, Any], device: str, shrink_until: float) -> None:
         """Hand a new finding to the coordinator, wait until it is on disk, then shrink it here."""
+        self.slot.start(batch, index, protocol.WAITING)
         protocol.send(self.conn, protocol.FINDING, {"batch": batch, "index": index, "case": to_dict(case), "finding": finding})
         name, _ = protocol.receive(self.conn)
         if name != protocol.ACK:
@@ -206,13 +253,23 @@ class Worker:
         def find(candidate: Any) -> Finding | None:
             # A candidate that kills the worker cuts the shrinking short, not the campaign.
             self.slot.start(batch, index, protocol.SHRINKING)
-            return run_case(self.target, candidate, device).verdict.finding
+            try:
+                return run_case(self.target, candidate, device).verdict.finding
+            except Exception:  # noqa: BLE001 - a candidate kvfuzz cannot judge does not fail the same way
+                return None
 
-        small, smallest, steps = shrink_finding(case, Finding.from_dict(finding), find, self.target.info)
+        seconds = shrink_until - time.monotonic()
+        small, smallest, steps = case, Finding.from_dict(finding), 0
+        if seconds > 0:
+            small, smallest, steps = shrink_finding(case, smallest, find, self.target.info, max_seconds=seconds)
         self.slot.start(batch, index)
         protocol.send(self.conn, protocol.MINIMIZED,
                       {"batch": batch, "index": index, "case": to_dict(small), "finding": smallest.to_dict(), "steps": steps})
 
 
+def _one_line(error: BaseException) -> str:
+    return (f"{type(error).__name__}: {error}".splitlines() or ["?"])[0][:400]
+
+
 if __name__ == "__main__":
-    zygote_main(sys.argv[1])
+    zygote_main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))

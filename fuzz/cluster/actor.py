@@ -84,6 +84,11 @@ class NodeRelay:
         execution = self.pool.execute(from_dict(case), device, probe=probe)
         return {"execution": execution.to_dict(), "restarts": self.pool.restarts}
 
+    def refresh(self) -> None:
+        """Re-fork the local worker, so that the next case runs on one that has run nothing yet."""
+        assert self.pool is not None
+        self.pool.interrupt(0)
+
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()

@@ -47,6 +47,7 @@ class RayPool:
                  owns_ray: bool = False) -> None:
         self.source = source
         self.device = device
+        self.case_timeout = case_timeout
         self.lost_timeout = lost_timeout
         self.start_timeout = start_timeout
         self.owns_ray = owns_ray
@@ -206,11 +207,17 @@ class RayPool:
         self._check_alive()
         return messages, losses
 
-    def spare_target(self) -> RaySpareTarget:
-        """A target on an actor of its own (on a fuzzing node, sharing its GPU), for cases that may kill it."""
+    def spare_target(self, fresh: bool = False) -> RaySpareTarget:
+        """A target on an actor of its own (on a fuzzing node, sharing its GPU), for cases that may kill it;
+        `fresh`: its worker re-forked first, so that it has run nothing yet."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        if self.spare is not None and fresh:
+            try:
+                ray.get(self.spare.handle.refresh.remote(), timeout=self.start_timeout)
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                pass  # a spare actor that is down comes back with a fresh worker
         if self.spare is None:
             home = next((m.node for m in self.members if m.alive), None)
             strategy = NodeAffinitySchedulingStrategy(home, soft=True) if home else "DEFAULT"

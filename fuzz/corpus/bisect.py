@@ -28,9 +28,10 @@ class Row:
         return {"version": self.version, "status": self.status, "detail": self.detail, "generation": self.generation}
 
 
-def replay_on(case: Case, version: str, device: str) -> Row:
+def replay_on(case: Case, version: str, device: str, case_timeout: float = 60.0) -> Row:
+    """The case on one release; a case that does not answer within `case_timeout` is a hang there."""
     try:
-        with Pool(releases.resolve(version), workers=1) as pool:
+        with Pool(releases.resolve(version), workers=1, case_timeout=case_timeout) as pool:
             target = RemoteTarget(pool)
             verdict = run_case(target, case, device).verdict
     except KvfuzzError as error:
@@ -42,9 +43,9 @@ def replay_on(case: Case, version: str, device: str) -> Row:
     return Row(version, status, verdict.reason or "", generation)
 
 
-def bisect_case(case: Case, versions: Sequence[str], device: str = "cpu", jobs: int = 2) -> list[Row]:
+def bisect_case(case: Case, versions: Sequence[str], device: str = "cpu", jobs: int = 2, case_timeout: float = 60.0) -> list[Row]:
     with ThreadPoolExecutor(max_workers=jobs) as executor:
-        return list(executor.map(lambda v: replay_on(case, v, device), versions))
+        return list(executor.map(lambda v: replay_on(case, v, device, case_timeout), versions))
 
 
 def transitions(rows: Sequence[Row]) -> list[str]:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from fuzz.case import MLA_KINDS, Case, CaseError, GroupCase, SpecCase, validate
-from fuzz.space import BLOCK_SIZES, LAYOUT_ORDER, choose_kernel_block_size, unrealistic
+from fuzz.space import LAYOUT_ORDER, choose_kernel_block_size, simpler_block_sizes, unrealistic
 from fuzz.targets.base import TargetInfo
 from fuzz.verdict.findings import PROCESS_KINDS, Finding
 from oracles import pages
@@ -145,7 +145,7 @@ def _smaller_numbers(case: Case, info: TargetInfo) -> Iterator[Case]:
             changes += [{"num_kv_heads": 1}, {"num_kv_heads": spec.num_kv_heads - 1}]
         if spec.kind not in MLA_KINDS and spec.kind != "mamba":
             changes += [{"head_size": h} for h in (16, 32, 64) if h < spec.head_size]
-        changes += [{"block_size": b} for b in BLOCK_SIZES if b < spec.block_size and b % spec.compress_ratio == 0]
+        changes += [{"block_size": b} for b in simpler_block_sizes(spec.block_size) if b % spec.compress_ratio == 0]
         if spec.compress_ratio > 1:
             changes.append({"compress_ratio": 1})
         yield from _spec_changes(case, index, group, changes)
@@ -168,7 +168,8 @@ def _simpler_options(case: Case, info: TargetInfo) -> Iterator[Case]:
         if spec.head_size_v is not None:
             changes.append({"head_size_v": None})
         if spec.cache_dtype != "auto" and spec.state_content_bytes is None:
-            changes.append({"cache_dtype": "auto", "dtype": "bfloat16", "kv_quant_mode": "none"})
+            changes.append({"cache_dtype": "auto", "dtype": "bfloat16", "kv_quant_mode": "none", "registered_cache_dtype": False,
+                            "rope_dim": None})
         if spec.dtype != "bfloat16" and spec.cache_dtype == "auto" and spec.kind != "mamba":
             changes.append({"dtype": "bfloat16"})
         yield from _spec_changes(case, index, group, changes)

@@ -6,6 +6,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from fuzz.corpus.store import Entry
+from fuzz.errors import CaseError
 from fuzz.targets.base import Target
 from fuzz.verdict.findings import Finding
 from fuzz.verdict.runner import run_case
@@ -23,6 +24,8 @@ def replay_entry(target: Target, entry: Entry, device: str, probe: bool = False,
     """`known`: signatures the corpus expects on this release. A case kept for one bug may meet
     another kept bug on a release its own bug does not affect; that is expected, not news."""
     verdict = run_case(target, entry.case, device, probe=probe).verdict
+    if verdict.status == "case-error":
+        raise CaseError(f"{entry.path}: {verdict.reason}")
     if verdict.status == "skipped":
         return ReplayOutcome("skipped", verdict.reason or "")
     got = verdict.finding.signature if verdict.finding else None

@@ -31,13 +31,18 @@ class Entry:
 
 def write_atomic(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=1, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    # Not *.json: a writer killed before the rename leaves a file no corpus reader takes for a case.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".partial")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=1, sort_keys=True)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)  # a full or read-only disk leaves no partial file behind
+        raise
 
 
 def save_finding(directory: Path, case: Case, meta: dict[str, Any]) -> Path:
@@ -63,9 +68,11 @@ def entries(root: Path) -> Iterator[Entry]:
 
 
 def known_signatures(root: Path) -> set[str]:
+    """The signatures of the findings under `root`; a process failure a campaign could not confirm
+    (`"confirmed": false`) is not one, so the next campaign checks it again."""
     if not root.exists():
         return set()
-    return {e.meta["signature"] for e in entries(root) if "signature" in e.meta}
+    return {e.meta["signature"] for e in entries(root) if "signature" in e.meta and e.meta.get("confirmed") is not False}
 
 
 def expected_signatures(found: Iterable[Entry], version: str) -> frozenset[str]:

@@ -43,6 +43,7 @@ VLLM_MODULES = (
     "vllm.v1.worker.utils",
     "vllm.v1.worker.gpu.attn_utils",
     "vllm.v1.core.kv_cache_utils",
+    "vllm.v1.core.kv_cache_planning",
     "vllm.v1.kv_cache_layout",
     "vllm.v1.attention.backend",
     "vllm.v1.attention.backends.utils",

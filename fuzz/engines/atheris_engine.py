@@ -287,6 +287,8 @@ def _print_header(state: RunState) -> None:
     print(f"kvfuzz: {state.source.label}: vLLM {info.vllm_version} ({info.generation}, contract {info.contract.name}), "
           f"atheris on {state.options['device']}, seed {state.options['seed']}, {count} functions instrumented in "
           f"{len(state.ready.get('instrumented', {}))} modules (startup {state.startup_s:.1f} s)", file=state.out, flush=True)
+    for line in info.checks_off:
+        print(f"kvfuzz: check off: {line}", file=state.out, flush=True)
 
 
 def _print_progress(state: RunState, child: Attempt) -> None:

@@ -72,7 +72,8 @@ def build_report(state: RunState, records: list[dict[str, Any]], minimize_s: flo
 
     assert state.info is not None and state.started is not None
     target = {"spec": state.source.spec, "label": state.source.label, "vllm_version": state.info.vllm_version,
-              "generation": state.info.generation, "contract": state.info.contract.name}
+              "generation": state.info.generation, "contract": state.info.contract.name, "checks_off": list(state.info.checks_off),
+              "uncovered": list(state.info.uncovered)}
     found = [FoundRecord(Finding.from_dict(r["finding"]), Path(r["path"]), r["cases_until"] - 1, r["cases_until"], r["seconds_until"],
                          bool(r.get("minimized"))) for r in records]
     elapsed = (state.ended or time.monotonic()) - state.started

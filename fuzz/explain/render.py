@@ -43,27 +43,7 @@ def explain(target: Target, case: Case, device: str, as_json: bool = False, prob
 
 
 def render(result: CaseResult, target: Target) -> str:
-    """The text form: both sides per layer and tensor, then what differs byte by byte."""
-    from fuzz.explain.picture import text_diff
+    """The text form, one view: both sides per layer and tensor, each followed by the bytes that differ."""
+    from fuzz.explain.picture_text import text_diff
 
-    data, case = describe(result, target), result.case
-    lines = [f"case {case.describe()}  blocks={case.num_blocks}  on vLLM {data['target']['vllm_version']} ({data['target']['contract']})",
-             f"verdict: {data['verdict']}" + (f"  ({data['reason']})" if data["reason"] else "")]
-    if data["finding"]:
-        lines.append(f"finding: {data['finding']['signature']}")
-    if data["error"]:
-        lines.append(f"vLLM raised: {data['error']}")
-    lines.append(f"buffer bytes: expected {data['buffers']['expected']}  actual {data['buffers']['actual']}")
-    lines.append(f"{'layer':14} {'side':9} {'shape':24} {'dtype':14} {'byte strides':30} {'first byte':>10} buffer")
-    for name, sides in data["layers"].items():
-        for side in ("expected", "actual"):
-            views = sides[side]
-            if not views:
-                lines.append(f"{name:14} {side:9} -")
-                continue
-            for view in views:
-                lines.append(f"{name:14} {side:9} {str(tuple(view['shape'])):24} {view['dtype']:14} "
-                             f"{str(view['byte_strides']):30} {view['first_byte']:>10} {view['buffer']}")
-    if result.verdict.status == "finding":
-        lines += ["", text_diff(result, vllm=target.info.vllm_version)]
-    return "\n".join(lines)
+    return text_diff(result, vllm=f"{target.info.vllm_version}, contract {target.info.contract.name}")

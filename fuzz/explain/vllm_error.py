@@ -55,7 +55,8 @@ def demand_lines(demand: StorageDemand, expectation: Expectation | None, layer: 
 
 
 def error_text(outcome: Outcome) -> str:
-    """vLLM's error in one line: type, function, layer and message."""
+    """vLLM's error in one line: type, function, layer, source line and message."""
     where = f" in {outcome.error_function}" if outcome.error_function else ""
     layer = f" (layer {outcome.error_layer})" if outcome.error_layer else ""
-    return f"{outcome.error_type}{where}{layer}: {outcome.error_message}"
+    line = f" at vllm/{outcome.error_file}:{outcome.error_line}" if outcome.error_file else ""
+    return f"{outcome.error_type}{where}{layer}{line}: {outcome.error_message}"

@@ -7,20 +7,23 @@ from fuzz.targets.base import BackendInfo, Execution, Outcome, Target, TargetInf
 
 
 def load_local() -> Target:
-    """The adapter for the vLLM importable in this process."""
+    """The adapter for the vLLM importable in this process, chosen by the entry points it has."""
     try:
-        import vllm  # noqa: F401
+        import vllm
 
         from fuzz.targets import backend_shaped, layout_placed
+        from fuzz.targets.entry_points import Probe
     except Exception as error:  # noqa: BLE001 - any import failure is a setup error
         raise TargetError(f"cannot import vLLM: {type(error).__name__}: {error}".splitlines()[0]) from None
-    if layout_placed.probe():
-        return layout_placed.LayoutPlacedTarget()
-    if backend_shaped.probe():
-        return backend_shaped.BackendShapedTarget()
+    version = str(getattr(vllm, "__version__", "?"))
+    probe = Probe(version)
+    if layout_placed.probe(probe):
+        return layout_placed.LayoutPlacedTarget(probe)
+    if backend_shaped.probe(probe):
+        return backend_shaped.BackendShapedTarget(probe)
     raise TargetError(
-        f"vLLM {getattr(vllm, '__version__', '?')} has neither create_kv_cache_views nor gpu/attn_utils._reshape_kv_cache; "
-        "kvfuzz supports 0.19.1 and later"
+        f"vLLM {version} has neither allocate_kv_cache (layout-placed views) nor _reshape_kv_cache (backend-shaped views) "
+        f"anywhere in {', '.join(probe.search)}; kvfuzz supports 0.19.1 and later"
     )
 
 

@@ -15,59 +15,65 @@ oracle can evaluate the declaration at the arguments the contract says are right
 
 from __future__ import annotations
 
-import inspect
+import importlib
 from dataclasses import replace
 from typing import Any
 
 import torch
 
 from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend, evaluate_shape, parse_shape_entry
-from fuzz.errors import Inexpressible
+from fuzz.errors import Inexpressible, TargetError
 from fuzz.targets.base import BackendInfo
 from fuzz.targets.common import Adapter, unique_buffers
+from fuzz.targets.entry_points import Probe
+from oracles import pages
 from oracles.contract import SHAPED_019, SHAPED_020, SHAPED_021, SHAPED_022, SHAPED_027, Contract
 
-# Cache dtypes whose page the backend-shaped contract derives without per-release quantization
-# rules (scale bytes, packed nibbles); the others are left to the layout-placed generations.
-PLAIN_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla")
 # Sentinels for reading a declared shape: a block count no axis has by chance, and two slot
 # counts (multiples of 16, which some backends require).
 PROBE_BLOCKS = 1_000_003
 PROBE_SLOTS = (16 * 61, 16 * 67)
 
 
-def probe() -> bool:
-    import vllm.v1.worker.gpu.attn_utils as attn_utils
-
-    return hasattr(attn_utils, "_reshape_kv_cache")
+def probe(entry_points: Probe) -> bool:
+    """Whether the loaded vLLM views raw buffers through backend-declared shapes (_reshape_kv_cache)."""
+    return entry_points.find("legacy reshape") is not None
 
 
 class BackendShapedTarget(Adapter):
-    def __init__(self) -> None:
-        import vllm.v1.worker.gpu.attn_utils as attn_utils
-        from vllm.v1.attention.backends.utils import set_kv_cache_layout
-
-        self.attn_utils = attn_utils
-        self.set_layout = set_kv_cache_layout
-        params = list(inspect.signature(attn_utils._reshape_kv_cache).parameters)
+    def __init__(self, entry_points: Probe) -> None:
+        reshape = entry_points.find("legacy reshape")
+        allocate = entry_points.find("legacy allocation")
+        if reshape is None or allocate is None:
+            entry_points.get("legacy reshape" if reshape is None else "legacy allocation")
+        assert reshape is not None and allocate is not None
+        self.reshape, self.allocate = reshape, allocate
+        self.attn_utils = importlib.import_module(reshape.module)
+        hint = entry_points.find("legacy layout hint")
+        self.set_layout = None if hint is None else hint.obj
+        params = list(reshape.parameters)
+        if not params or params[0] not in ("attn_groups", "kv_cache_config"):
+            raise TargetError(f"vLLM's {reshape.where} takes ({', '.join(params)}), which fits none of the generations kvfuzz knows (G1-G4)")
         self.takes_groups = params[0] == "attn_groups"
-        self.takes_kernel_sizes = "kernel_block_sizes" in params
-        self.takes_config = self.takes_groups and "kv_cache_config" in params
-        self.allocate_takes_sharing = "shared_layers" in inspect.signature(attn_utils._allocate_kv_cache).parameters
+        self.takes_kernel_sizes = reshape.takes("kernel_block_sizes")
+        self.takes_config = self.takes_groups and reshape.takes("kv_cache_config")
+        self.allocate_takes_sharing = allocate.takes("shared_layers")
         self.generation = ("G4" if self.takes_config else "G3") if self.takes_groups else ("G2" if self.takes_kernel_sizes else "G1")
-        self.contract = self._probe_contract()
-        super().__init__()
+        self.contract = self._probe_contract(entry_points)
+        super().__init__(entry_points)
+        if self.attention_group is None:
+            raise TargetError(f"vLLM {self.vllm_version}: {entry_points.missing('AttentionGroup')}; {reshape.where} needs it")
+        if not reshape.takes("shared_kv_cache_layers"):
+            self.off["kv-sharing"] = f"{reshape.where} takes no shared_kv_cache_layers; cases with KV-sharing layers are not drawn"
         # A backend's declaration depends only on these arguments: ask it once per combination.
         self._declared: dict[tuple[Any, ...], tuple[tuple[int | str, ...], tuple[int, ...]]] = {}
-        self.info = self.target_info(self.contract, ("NHD", "HND"), kv_sharing=self.takes_kernel_sizes)
+        self.info = self.target_info(self.contract, ("NHD", "HND"))
 
-    def _probe_contract(self) -> Contract:
-        from vllm.v1.kv_cache_interface import KVCacheSpec
-
+    def _probe_contract(self, entry_points: Probe) -> Contract:
         mamba_lists = hasattr(self.attn_utils, "_update_hybrid_attention_layout")
         if self.takes_kernel_sizes:
             return SHAPED_022 if mamba_lists else SHAPED_027
-        if not hasattr(KVCacheSpec, "storage_block_size"):
+        if not hasattr(entry_points.get("KVCacheSpec"), "storage_block_size"):
             return SHAPED_019
         return SHAPED_021 if mamba_lists else SHAPED_020
 
@@ -81,16 +87,15 @@ class BackendShapedTarget(Adapter):
     def describe_backend(self, name: str, cls: type) -> BackendInfo:
         required = getattr(cls, "get_required_kv_cache_layout", lambda: None)()
         info = self.base_backend_info(name, cls, layouts=None if required is None else (required,))
-        plain = tuple(c for c in info.cache_dtypes if c in PLAIN_CACHE_DTYPES)
-        return BackendInfo(**{**info.__dict__, "cache_dtypes": plain or ("auto",), "kv_first": self._kv_first(cls, info.is_mla)})
+        return BackendInfo(**{**info.__dict__, "kv_first": self._kv_first(cls, info.is_mla)})
 
     def _kv_first(self, cls: type, is_mla: bool) -> bool:
         try:
             pattern, order = self._declaration(cls, heads=1 if is_mla else 2, head_size=64, cache_dtype="auto")
         except Exception:  # noqa: BLE001 - a backend we cannot read is treated as blocks-first
             return False
-        block_axis = next(i for i, e in enumerate(pattern) if parse_shape_entry(e)[1] == "B")
-        return order[0] != block_axis
+        block_axis = next((i for i, e in enumerate(pattern) if parse_shape_entry(e)[1] == "B"), None)
+        return block_axis is not None and bool(order) and order[0] != block_axis
 
     def implied(self, spec: SpecCase, field: str) -> bool:
         # Before 0.28 the fp8_ds_mla cache dtype itself fixes the bytes per stored token.
@@ -102,9 +107,14 @@ class BackendShapedTarget(Adapter):
             return reason
         dtypes = {g.spec.cache_dtype for g in case.groups if g.spec.is_attention}
         if len(dtypes) > 1:
-            return "this vLLM takes one cache dtype for every layer"
-        if dtypes and not dtypes <= set(PLAIN_CACHE_DTYPES):
-            return f"cache dtype {dtypes.pop()} needs per-release quantization rules"
+            return "field cache_dtype: this vLLM takes one cache dtype for every layer"
+        for group in case.groups:
+            if group.synthetic_backend is not None and group.synthetic_backend.shape is None and group.spec.is_attention:
+                return "field synthetic_backend.shape: this vLLM's backends declare their cache shape, and this synthetic one declares none"
+            definition = pages.dtype_definition(group.spec)
+            if group.synthetic_backend is not None and group.spec.is_attention and definition is not None and not definition.plain:
+                # A synthetic backend declares its shape in heads and head sizes, which holds no scales or packed elements.
+                return f"cache dtype {group.spec.cache_dtype}: a synthetic backend's declared shape holds plain elements only"
         return None
 
     def synthetic_namespace(self, backend: SyntheticBackend) -> dict[str, Any]:
@@ -127,12 +137,35 @@ class BackendShapedTarget(Adapter):
     def declare_group(self, group: GroupCase, layout: str) -> GroupCase:
         if not group.spec.is_attention or group.synthetic_backend is not None:
             return group
-        key = (group.backend, group.spec.num_kv_heads, group.spec.head_size, self.layer_cache_dtype(group.spec), layout)
+        group = self._customized(group)
+        value_head = self._set_value_head_size(group)
+        key = (group.backend, group.spec.num_kv_heads, group.spec.head_size, self.layer_cache_dtype(group.spec), layout, value_head)
         declared = self._declared.get(key)
         if declared is None:
             self.configure_layout(layout)
             declared = self._declared[key] = self._declaration(self.backend_class(group), *key[1:4])
         return replace(group, declared_shape=declared[0], declared_stride_order=declared[1])
+
+    def _set_value_head_size(self, group: GroupCase) -> int | None:
+        """Backends for models whose V heads differ from K heads (DiffKV) read the V head size from a
+        class attribute the model sets (set_head_size_v) rather than from their arguments; set it as
+        the model does, for this case, before the backend is asked or used."""
+        backend = self.backend_class(group)
+        setter = getattr(backend, "set_head_size_v", None)
+        if setter is None:
+            return None
+        value_head = group.spec.head_size_v if group.spec.head_size_v is not None else group.spec.head_size
+        setter(value_head)
+        return value_head
+
+    def _customized(self, group: GroupCase) -> GroupCase:
+        """The fields the backend publishes for its spec (customize_spec, 0.28): state content and slots."""
+        backend = self.backend_class(group)
+        fields = self.spec_fields(self.spec_classes[group.spec.kind])
+        if backend is None or not hasattr(backend, "customize_spec") or "state_content_bytes" not in fields:
+            return group
+        custom = backend.customize_spec(self.build_spec(group.spec))
+        return replace(group, spec=replace(group.spec, state_content_bytes=custom.state_content_bytes, num_head_slots=custom.num_head_slots))
 
     def _declaration(self, backend: Any, heads: int, head_size: int, cache_dtype: str) -> tuple[tuple[int | str, ...], tuple[int, ...]]:
         first, second = (tuple(backend.get_kv_cache_shape(PROBE_BLOCKS, slots, heads, head_size, cache_dtype_str=cache_dtype))
@@ -148,36 +181,34 @@ class BackendShapedTarget(Adapter):
                 pattern.append("T" if factor == 1 else f"{factor}*T")
             else:
                 raise Inexpressible(f"cannot read the cache shape {first} as a pattern in blocks and slots")
-        if [parse_shape_entry(e)[1] for e in pattern].count("B") != 1 or "B" not in pattern:
-            raise Inexpressible(f"the cache shape {first} has no single block axis")
         try:
             order = tuple(int(i) for i in backend.get_kv_cache_stride_order())
         except (AttributeError, NotImplementedError):
             order = tuple(range(len(pattern)))
-        if sorted(order) != list(range(len(pattern))):
-            raise Inexpressible(f"stride order {order} does not fit the cache shape {first}")
+        # Recorded as declared: whether there is one block axis and the order fits is the oracle's to judge.
         return tuple(pattern), order
 
     def configure_layout(self, layout: str) -> None:
-        self.set_layout(layout)
+        if self.set_layout is not None:
+            self.set_layout(layout)
 
     # ------------------------------------------------------------------ the call under test
 
     def make_views(self, case: Case, config: Any, attn_groups: list[list[Any]], kernel_block_sizes: list[int],
-                   device: torch.device) -> tuple[dict[str, Any], list[torch.Tensor], dict[int, int]]:
+                   device: torch.device) -> tuple[dict[str, Any], list[torch.Tensor]]:
         sharing = dict(case.kv_sharing)
-        allocate = self.attn_utils._allocate_kv_cache
+        allocate = self.allocate.obj
         raw = allocate(config, sharing, device) if self.allocate_takes_sharing else allocate(config, device)
         cache_dtype = next((g.spec.cache_dtype for g in case.groups if g.spec.is_attention), "auto")
-        reshape = self.attn_utils._reshape_kv_cache
+        reshape = self.reshape.obj
         if self.takes_groups:
             kwargs: dict[str, Any] = {"kv_cache_config": config} if self.takes_config else {}
             views = reshape(attn_groups=[g for groups in attn_groups for g in groups], kv_cache_raw_tensors=raw, cache_dtype=cache_dtype,
                             kernel_block_sizes=kernel_block_sizes, shared_kv_cache_layers=sharing, **kwargs)
         else:
             backends = {name: g.backend for groups in attn_groups for g in groups for name in g.layer_names
-                        if isinstance(g.kv_cache_spec, self.kv.AttentionSpec)}
+                        if isinstance(g.kv_cache_spec, self.attention_spec)}
             args = (kernel_block_sizes, sharing) if self.takes_kernel_sizes else ()
             views = reshape(config, raw, backends, cache_dtype, *args)
         buffers = unique_buffers(raw[n] for t in config.kv_cache_tensors for n in t.shared_by if n in raw)
-        return views, buffers, dict(enumerate(kernel_block_sizes))
+        return views, buffers

@@ -31,6 +31,8 @@ class BackendInfo:
     compresses: bool = False  # serves caches that store several tokens per state
     # Backend-shaped targets: the block axis of the declared shape is not outermost (K/V first).
     kv_first: bool = False
+    # The backend takes K and V heads of different sizes (its customize_spec refuses them otherwise).
+    asymmetric_kv: bool = True
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,18 @@ class TargetInfo:
     # Case fields (beyond the basics) each spec kind can express on this target.
     spec_fields: dict[str, tuple[str, ...]] = field(default_factory=dict)
     kv_sharing: bool = True
+    # Checks this target cannot run, one line each: "name: why" (an entry point was not found).
+    checks_off: tuple[str, ...] = ()
+    # The cache dtypes the release accepts, each with the torch dtype it stores (None: the model's).
+    cache_dtypes: dict[str, str | None] = field(default_factory=lambda: {"auto": None})
+    # KVQuantMode member names (lower case), aliases included.
+    quant_modes: tuple[str, ...] = ("none",)
+    # Whether kvfuzz can register cache dtypes of its own with the release's handler registry.
+    registers_dtypes: bool = False
+    # Where the probe found each vLLM entry point kvfuzz drives: role -> module.name.
+    entry_points: dict[str, str] = field(default_factory=dict)
+    # Layout inputs the release defines that kvfuzz's case space does not draw (never silently).
+    uncovered: tuple[str, ...] = ()
 
     def backend(self, name: str) -> BackendInfo | None:
         return next((b for b in self.backends if b.name == name), None)
@@ -73,6 +87,12 @@ class TargetInfo:
             layouts=tuple(data["layouts"]),
             spec_fields={k: tuple(v) for k, v in data.get("spec_fields", {}).items()},
             kv_sharing=data.get("kv_sharing", True),
+            checks_off=tuple(data.get("checks_off", ())),
+            cache_dtypes=dict(data.get("cache_dtypes", {"auto": None})),
+            quant_modes=tuple(data.get("quant_modes", ("none",))),
+            registers_dtypes=bool(data.get("registers_dtypes", False)),
+            entry_points=dict(data.get("entry_points", {})),
+            uncovered=tuple(data.get("uncovered", ())),
         )
 
 
@@ -110,8 +130,13 @@ class Outcome:
     error_message: str | None = None
     error_function: str | None = None
     error_layer: str | None = None  # the layer vLLM was working on when it raised, if it says
+    # Where vLLM raised: the innermost vLLM frame, its path relative to the vllm/ package folder.
+    error_file: str | None = None
+    error_line: int | None = None
     # Physical probe: per layer and tensor, the byte ranges each element was read back from.
     probe: dict[str, Any] | None = None
+    # Per group index: what the spec vLLM built for it says (kv_quant_mode, unpadded page bytes).
+    specs: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def raised(self) -> bool:
@@ -138,7 +163,10 @@ class Outcome:
             error_message=data.get("error_message"),
             error_function=data.get("error_function"),
             error_layer=data.get("error_layer"),
+            error_file=data.get("error_file"),
+            error_line=data.get("error_line"),
             probe=data.get("probe"),
+            specs={int(k): dict(v) for k, v in data.get("specs", {}).items()},
         )
 
 
@@ -168,17 +196,22 @@ class Execution:
     case: Case
     outcome: Outcome | None = None
     skipped: str | None = None  # the target cannot express the case: a skip, never a finding
-    refused: str | None = None  # a backend refused the spec at configuration time: a rejection
+    # A field the case derives differs from what vLLM derives (field, both values): the case is wrong, not vLLM.
+    case_error: str | None = None
+    # A backend's declaration breaks the layout contract: (vLLM function, message, layer).
+    declaration: tuple[str, str, str | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"case": to_dict(self.case), "outcome": None if self.outcome is None else self.outcome.to_dict(),
-                "skipped": self.skipped, "refused": self.refused}
+                "skipped": self.skipped, "case_error": self.case_error,
+                "declaration": None if self.declaration is None else list(self.declaration)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Execution:
-        outcome = data.get("outcome")
+        outcome, declaration = data.get("outcome"), data.get("declaration")
         return cls(case=from_dict(data["case"]), outcome=None if outcome is None else Outcome.from_dict(outcome),
-                   skipped=data.get("skipped"), refused=data.get("refused"))
+                   skipped=data.get("skipped"), case_error=data.get("case_error"),
+                   declaration=None if declaration is None else (declaration[0], declaration[1], declaration[2]))
 
 
 class Target(Protocol):

@@ -1,25 +1,34 @@
-"""What every adapter shares: the backend catalog, spec building, the planner walk, view records.
+"""What every adapter shares: the backend and dtype catalogs, spec building, the planner walk,
+view records, and the checks a target runs or has off.
 
 An adapter subclasses Adapter and supplies only what its vLLM API generation does differently:
-how it probes its contract, how backends declare their layout, and the calls that turn raw
-buffers into views (`declare_group`, `make_views`).
+how backends declare their layout, and the calls that turn raw buffers into views
+(`declare_group`, `make_views`). Every vLLM function and class comes from the entry-point probe
+(fuzz/targets/entry_points.py), never from a fixed module path.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import sys
 import traceback
+import typing
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 import oracles
-from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend
-from fuzz.errors import Inexpressible
+from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend, layout_as
+from fuzz.errors import BrokenDeclaration, CaseMismatch, Inexpressible, TargetError
+from fuzz.space import choose_kernel_block_size
 from fuzz.targets.base import BackendInfo, BufferRecord, Execution, Outcome, TargetInfo, ViewRecord
+from fuzz.targets.calls import call_mismatch
+from fuzz.targets.entry_points import Probe
 from fuzz.targets.probe import physical_probe, storage_key
+from oracles import pages
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -32,9 +41,11 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 }
 DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
-# Real backends by vLLM name -> "module:Class" candidates, tried in order (modules moved between
-# releases; relative paths are under vllm.v1.attention.backends). Modules that fail to import in
-# this environment (no CUDA, no flashinfer) are left out of the target's catalog.
+# Backends by kvfuzz's name -> "module:Class" candidates, tried in order (modules moved between
+# releases; relative paths are under vllm.v1.attention.backends). These names come first so cases
+# written with them replay on every release; every other backend comes from the release's own
+# registry (AttentionBackendEnum), so a new backend is drawn without a change here. Backends that
+# fail to import in this environment (no CUDA, no flashinfer) are left out of the catalog.
 BACKEND_CLASSES: dict[str, tuple[str, ...]] = {
     "CPU_ATTN": ("cpu_attn:CPUAttentionBackend",),
     "TRITON_ATTN": ("triton_attn:TritonAttentionBackend",),
@@ -60,8 +71,10 @@ BACKEND_CLASSES: dict[str, tuple[str, ...]] = {
         "vllm.model_executor.layers.deepseek_compressor:CompressorBackend",
     ),
 }
-# Backends of models that compress their cache (several tokens per stored state).
+# DeepSeek V4 (and V4.1) compress their cache (several tokens per stored state); their backends
+# serve such caches. The release does not declare it, so it is read from where the backend lives.
 COMPRESSING_BACKENDS = ("DEEPSEEK_V4_FLASHMLA", "DEEPSEEK_V4_INDEXER", "DEEPSEEK_V4_COMPRESSOR")
+COMPRESSING_MODULES = ("vllm.models.deepseek_v4", "vllm.models.deepseek_v41")
 
 SPEC_CLASSES = {
     "full": "FullAttentionSpec",
@@ -74,7 +87,10 @@ SPEC_CLASSES = {
     "sliding_window_mla": "SlidingWindowMLASpec",
     "mamba": "MambaSpec",
 }
-# Case spec fields -> the vLLM spec field that carries them (compression was renamed in 0.29).
+# Spec classes that are no layer's cache layout on their own: containers, bases, and HiSparse's
+# derived host/hot specs (built by HiSparse's planner from MLA specs, not by a layer).
+NOT_A_LAYER_KIND = ("KVCacheSpec", "AttentionSpec", "UniformTypeKVCacheSpecs", "HiSparseHotSpec", "HiSparseResidentSpec")
+# Case spec fields -> the vLLM spec fields that carry them (compression was renamed in 0.29).
 FIELD_NAMES = {
     "compress_ratio": ("compress_ratio", "tokens_per_state"),
     "alignment": ("alignment",),
@@ -86,6 +102,9 @@ FIELD_NAMES = {
     "block_stride_alignment": ("block_stride_alignment",),
     "page_size_padded": ("page_size_padded",),
     "sink_len": ("sink_len",),
+    "state_alignment": ("state_alignment",),
+    "topk_buffer_width": ("topk_buffer_width",),
+    "is_draft": ("is_draft",),
 }
 FIELD_DEFAULTS = {name: getattr(SpecCase(kind="full", block_size=16), name) for name in FIELD_NAMES}
 # Plenty for any case kvfuzz draws; the block count itself comes from the override.
@@ -97,11 +116,32 @@ def import_backend(name: str) -> type | None:
         module, cls = path.split(":")
         if not module.startswith("vllm."):
             module = "vllm.v1.attention.backends." + module
-        try:
-            return getattr(importlib.import_module(module), cls)
-        except Exception:  # noqa: BLE001 - any import failure means "not in this environment"
-            continue
+        loaded = _load(module, cls)
+        if loaded is not None:
+            return loaded
     return None
+
+
+def _load(module: str, name: str) -> type | None:
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception:  # noqa: BLE001 - any import failure means "not in this environment"
+        return None
+
+
+def registry_backends() -> dict[str, type]:
+    """The attention backends the release's own registry lists, by its names, that import here."""
+    found: dict[str, type] = {}
+    enum = _load("vllm.v1.attention.backends.registry", "AttentionBackendEnum")
+    for member in list(enum or ()):
+        path = member.value if isinstance(member.value, str) else None
+        if not path or "." not in path:
+            continue
+        module, cls = path.rsplit(".", 1)
+        loaded = _load(module, cls)
+        if loaded is not None:
+            found[member.name] = loaded
+    return found
 
 
 def kernel_size_label(size: Any) -> int | str:
@@ -110,20 +150,58 @@ def kernel_size_label(size: Any) -> int | str:
 
 
 def capture(call: Callable[[], Outcome]) -> Outcome:
-    """Run `call`; an exception becomes an Outcome naming the innermost vLLM function.
+    """Run `call`; an exception raised in vLLM's code becomes an Outcome naming the innermost vLLM function.
 
     SystemExit and KeyboardInterrupt raised by the target are data too: workers ignore SIGINT,
-    so neither can come from the user.
+    so neither can come from the user. An exception no vLLM frame took part in is kvfuzz's own
+    and propagates (an internal error), as does a case whose derived fields vLLM derives differently.
     """
     try:
         return call()
+    except CaseMismatch:
+        raise
     except (Exception, SystemExit, KeyboardInterrupt) as error:
-        frames = traceback.extract_tb(error.__traceback__)
-        vllm_frames = [f for f in frames if "/vllm/" in f.filename.replace("\\", "/")]
-        function = (vllm_frames or frames)[-1].name if frames else "?"
-        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return Outcome(error_type=type(error).__name__, error_message=message[:500], error_function=function,
-                       error_layer=_layer_in_flight(error))
+        mismatch = call_mismatch(error)
+        if mismatch is not None:  # kvfuzz called vLLM wrongly: not an outcome of vLLM's
+            raise TargetError(mismatch) from None
+        outcome = vllm_failure(error)
+        if outcome is None:
+            raise
+        return outcome
+
+
+def vllm_failure(error: BaseException) -> Outcome | None:
+    """The Outcome of an exception raised in (or through) vLLM's code, naming the innermost vLLM frame;
+    None when vLLM took no part in it."""
+    frames = traceback.extract_tb(error.__traceback__)
+    located = [(f, path) for f in frames if (path := _vllm_path(f.filename)) is not None]
+    if not located:
+        return None
+    frame, path = located[-1]
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return Outcome(error_type=type(error).__name__, error_message=message[:500], error_function=frame.name,
+                   error_layer=_layer_in_flight(error), error_file=path, error_line=frame.lineno)
+
+
+def _vllm_path(filename: str) -> str | None:
+    """`filename` relative to the loaded vllm package (posix), None outside it.
+
+    The package's folders are where it was imported from, the folder its `__file__` names and its
+    `__path__` (a checkout that wraps a release names the release's folder in the last two); code
+    objects carry the path they were imported by."""
+    package = sys.modules.get("vllm")
+    spec = getattr(package, "__spec__", None)
+    candidates = [getattr(spec, "origin", None), getattr(package, "__file__", None)]
+    folders = {os.path.dirname(path) for path in candidates if path}
+    folders.update(getattr(package, "__path__", ()) or ())
+    for folder in folders:
+        prefix = folder.rstrip(os.sep) + os.sep
+        if filename.startswith(prefix):
+            return filename[len(prefix):].replace(os.sep, "/")
+    if folders:
+        return None
+    parts = filename.replace("\\", "/").rsplit("/vllm/", 1)
+    return parts[1] if len(parts) == 2 else None
 
 
 def _layer_in_flight(error: BaseException) -> str | None:
@@ -144,32 +222,64 @@ class Adapter:
 
     generation = "?"
 
-    def __init__(self) -> None:
+    def __init__(self, probe: Probe) -> None:
         import vllm
-        import vllm.v1.kv_cache_interface as kv
-        import vllm.v1.worker.utils as worker_utils
-        from vllm.config import VllmConfig, set_current_vllm_config
-        from vllm.v1.attention.backend import AttentionBackend, MultipleOf
-        from vllm.v1.core import kv_cache_utils
 
-        self.vllm_version = vllm.__version__
-        self.kv = kv
-        self.worker = worker_utils
-        self.planner = kv_cache_utils.get_kv_cache_config_from_groups
-        self.multiple_of = MultipleOf
-        self.base_backend = AttentionBackend
-        self.config = VllmConfig()
+        self.vllm_version = str(getattr(vllm, "__version__", "?"))
+        self.probe = probe
+        self.planner = probe.find("planner")
+        probe.get("planner")  # nothing runs without vLLM's planner
+        self.group_spec = probe.get("KVCacheGroupSpec")
+        self.attention_spec = probe.get("AttentionSpec")
+        self.multiple_of = probe.get("MultipleOf")
+        self.base_backend = probe.get("AttentionBackend")
+        self.attention_group = probe.find("AttentionGroup")
+        self.quant_enum = _obj(probe.find("KVQuantMode"))
+        self.quant_lookup = _obj(probe.find("quant-mode lookup"))
+        # Checks this target cannot run: name -> why (one line).
+        self.off: dict[str, str] = {}
+        self.config = self._make_config(probe.get("VllmConfig"))
         # Backends consult the current vLLM config (stride order, kernel sizes); keep one set.
-        set_current_vllm_config(self.config).__enter__()
-        self.backend_classes: dict[str, type] = {}
-        for name in BACKEND_CLASSES:
-            cls = import_backend(name)
-            if cls is not None and self.usable_backend(name, cls):
-                self.backend_classes[name] = cls
-        self.spec_kinds = tuple(kind for kind, cls in SPEC_CLASSES.items() if hasattr(kv, cls) and self.supports_kind(kind))
+        probe.get("set_current_vllm_config")(self.config).__enter__()
+        self.sharing = _obj(probe.find("shared-layer wiring"))
+        if self.sharing is None:
+            self.off["kv-sharing"] = probe.missing("shared-layer wiring") + "; cases with KV-sharing layers are not drawn"
+        self.kernel_choice = _obj(probe.find("kernel-block choice"))
+        self.common_block_size = probe.find("common block size")
+        if self.kernel_choice is None or self.attention_group is None:
+            role = "kernel-block choice" if self.kernel_choice is None else "AttentionGroup"
+            self.off["kernel-block choice"] = probe.missing(role) + "; views use the kernel block size the case names"
+        self.dtype_table = _obj(probe.find("cache dtype table")) or {}
+        self.registry = _obj(probe.find("dtype handler registry"))
+        if self.registry is None and self.quant_enum is not None and "CUSTOM" in self.quant_enum.__members__:
+            self.off["registered cache dtypes"] = probe.missing("dtype handler registry") + "; kvfuzz registers no cache dtypes"
+        if self.quant_enum is not None and self.quant_lookup is None:
+            self.off["quant modes"] = probe.missing("quant-mode lookup") + "; specs take the case's own quant mode, unchecked"
+        self.backend_classes = self._backend_catalog()
+        self.spec_classes = {kind: cls for kind, name in SPEC_CLASSES.items() if (cls := probe.spec_class(name)) is not None}
+        self.spec_kinds = tuple(kind for kind in SPEC_CLASSES if kind in self.spec_classes and self.supports_kind(kind))
         self._synthetic: dict[SyntheticBackend, type] = {}
         self._spec_fields: dict[type, frozenset[str]] = {}
+        self._registered: set[str] = set()
         self.max_buffer_bytes = 1 << 30  # cases needing more are skipped on real devices
+
+    def _make_config(self, config_cls: type) -> Any:
+        """A default VllmConfig. Where the platform refuses to configure this machine (0.34's x86 CPU
+        platform wants triton-cpu for its kernels), the config is built without the platform's hook:
+        the layout code under test runs no kernel. The report says so."""
+        try:
+            return config_cls()
+        except RuntimeError as error:
+            from unittest import mock
+
+            from vllm.platforms import current_platform
+
+            hook = classmethod(lambda cls, vllm_config: None)
+            with mock.patch.object(type(current_platform), "check_and_update_config", hook):
+                config = config_cls()
+            self.off["platform configuration"] = (f"{type(current_platform).__name__} refused a default VllmConfig ({error}); "
+                                                  "kvfuzz builds it without the platform's check_and_update_config")
+            return config
 
     # ------------------------------------------------------------------ what subclasses supply
 
@@ -190,13 +300,59 @@ class Adapter:
         return group
 
     def make_views(self, case: Case, config: Any, attn_groups: list[list[Any]], kernel_block_sizes: list[int],
-                   device: torch.device) -> tuple[dict[str, Any], list[torch.Tensor], dict[int, int]]:
-        """Raw buffers -> per-layer views: (views by layer, raw buffers in config order, kernel sizes used)."""
+                   device: torch.device) -> tuple[dict[str, Any], list[torch.Tensor]]:
+        """Raw buffers -> per-layer views: (views by layer, raw buffers in config order)."""
         raise NotImplementedError
+
+    def skip_reason(self, case: Case) -> str | None:
+        """Why this target cannot run a case because a check it needs is off."""
+        if case.kv_sharing and "kv-sharing" in self.off:
+            return f"check kv-sharing is off: {self.off['kv-sharing']}"
+        return None
+
+    # ------------------------------------------------------------------ catalogs
+
+    def _backend_catalog(self) -> dict[str, type]:
+        """kvfuzz's names first, then the release registry's; one name per backend class."""
+        catalog: dict[str, type] = {}
+        for name in BACKEND_CLASSES:
+            cls = import_backend(name)
+            if cls is not None and self.usable_backend(name, cls):
+                catalog[name] = cls
+        known = set(catalog.values())
+        for name, cls in registry_backends().items():
+            if cls not in known and name not in catalog and isinstance(cls, type) and self.usable_backend(name, cls):
+                catalog[name] = cls
+                known.add(cls)
+        return catalog
+
+    def cache_dtype_catalog(self) -> dict[str, str | None]:
+        """The cache dtypes the release accepts, from its own list (KV_CACHE_DTYPES / CacheDType),
+        each with the storage dtype its table (STR_DTYPE_TO_TORCH_DTYPE) names."""
+        names_found = self.probe.find("cache dtype names")
+        names: list[str] = []
+        if names_found is not None:
+            value = names_found.obj
+            names = [str(n) for n in value] if isinstance(value, list) else [str(n) for n in typing.get_args(value)]
+        catalog: dict[str, str | None] = {}
+        for name in names or ["auto"]:
+            stored = self.dtype_table.get(name)
+            catalog[name] = None if name == "auto" or stored is None else DTYPE_NAMES.get(stored, str(stored))
+        return catalog
+
+    def quant_mode_names(self) -> tuple[str, ...]:
+        """Every member name of the release's KVQuantMode, aliases included (lower case)."""
+        if self.quant_enum is None:
+            return ("none",)
+        return tuple(name.lower() for name in self.quant_enum.__members__)
 
     # ------------------------------------------------------------------ shared
 
     def target_info(self, contract: Any, layouts: tuple[str, ...], kv_sharing: bool = True) -> TargetInfo:
+        uncovered = [f"spec class {name}" for name in self._unknown_spec_classes()]
+        if self.probe.spec_class("HiSparseHotSpec") is not None:
+            # Its host pool is pinned memory and its binding needs attention layers and block tables.
+            uncovered.append("HiSparse caches (init_hisparse_kv_cache)")
         return TargetInfo(
             vllm_version=self.vllm_version,
             generation=self.generation,
@@ -205,8 +361,33 @@ class Adapter:
             backends=tuple(self._described_backends()),
             layouts=layouts,
             spec_fields={kind: self._expressible_fields(kind) for kind in self.spec_kinds},
-            kv_sharing=kv_sharing,
+            kv_sharing=kv_sharing and "kv-sharing" not in self.off,
+            checks_off=tuple(f"{name}: {why}" for name, why in sorted(self.off.items())),
+            cache_dtypes=self.cache_dtype_catalog(),
+            quant_modes=self.quant_mode_names(),
+            registers_dtypes=self.registry is not None and "registered cache dtypes" not in self.off,
+            entry_points=self.probe.located(),
+            uncovered=tuple(uncovered),
         )
+
+    def _unknown_spec_classes(self) -> list[str]:
+        """Layer spec classes the release defines that kvfuzz has no kind for (visible, not drawn).
+        A subclass of a kind's class that adds no field of its own lays out as that kind."""
+        base = self.probe.find("KVCacheSpec")
+        if base is None:
+            return []
+        module = importlib.import_module(base.module)
+        known = set(SPEC_CLASSES.values()) | set(NOT_A_LAYER_KIND)
+        kinds = tuple(self.spec_classes.values())
+
+        def covered(cls: type) -> bool:
+            parents = [k for k in kinds if issubclass(cls, k)]
+            own = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+            return any(own <= {f.name for f in dataclasses.fields(parent)} for parent in parents)
+
+        return sorted(name for name, obj in vars(module).items()
+                      if isinstance(obj, type) and issubclass(obj, base.obj) and obj.__module__ == base.module and name not in known
+                      and not name.startswith("_") and not covered(obj))
 
     def _described_backends(self) -> list[BackendInfo]:
         described = []
@@ -218,38 +399,82 @@ class Adapter:
         return described
 
     def _expressible_fields(self, kind: str) -> tuple[str, ...]:
-        cls = getattr(self.kv, SPEC_CLASSES[kind])
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = {f.name for f in dataclasses.fields(self.spec_classes[kind])}
         return tuple(field for field, vllm_names in FIELD_NAMES.items() if any(n in names for n in vllm_names))
 
     def base_backend_info(self, name: str, cls: type, **extra: Any) -> BackendInfo:
+        compresses = name in COMPRESSING_BACKENDS or any(cls.__module__.startswith(m + ".") for m in COMPRESSING_MODULES)
         return BackendInfo(
             name=name,
-            is_mla=name in COMPRESSING_BACKENDS or bool(getattr(cls, "is_mla", lambda: False)()),
-            compresses=name in COMPRESSING_BACKENDS,
+            is_mla=compresses or bool(getattr(cls, "is_mla", lambda: False)()),
+            compresses=compresses,
             kernel_block_sizes=tuple(kernel_size_label(s) for s in cls.get_supported_kernel_block_sizes()),
             model_dtypes=tuple(DTYPE_NAMES[d] for d in getattr(cls, "supported_dtypes", ()) if d in DTYPE_NAMES),
-            cache_dtypes=tuple(getattr(cls, "supported_kv_cache_dtypes", ("auto",))),
+            cache_dtypes=tuple(getattr(cls, "supported_kv_cache_dtypes", None) or ("auto",)),
             **extra,
         )
 
+    def translate(self, case: Case) -> Case | str:
+        """The case in this release's terms, or why the release cannot express it (naming the field):
+        the layout under the name the release gives it, and each real backend's kernel block size
+        as this release's backend declares it (vLLM's rule picks it from the backend's sizes)."""
+        info: TargetInfo = self.info  # type: ignore[attr-defined]
+        layout = layout_as(case.layout, info.layouts)
+        if layout is None:
+            return f"field layout: {case.layout} has no equivalent among this vLLM's ({', '.join(info.layouts)})"
+        groups = []
+        for group in case.groups:
+            backend = info.backend(group.backend) if group.backend else None
+            if backend is not None and group.spec.kind != "encoder_only":
+                kernel = choose_kernel_block_size(group.spec.block_size, backend.kernel_block_sizes)
+                if kernel is None:
+                    return (f"field kernel_block_size: {backend.name} of vLLM {info.vllm_version} has none for "
+                            f"{group.spec.block_size}-token blocks")
+                group = dataclasses.replace(group, kernel_block_size=kernel)
+            groups.append(group)
+        return dataclasses.replace(case, layout=layout, groups=tuple(groups))
+
     def unsupported(self, case: Case) -> str | None:
-        info = self.info  # type: ignore[attr-defined]
-        if case.layout not in info.layouts:
-            return f"layout {case.layout} is not one of this vLLM's ({', '.join(info.layouts)})"
-        if case.kv_sharing and not info.kv_sharing:
-            return "this vLLM's reshape takes no KV-sharing layers"
+        info: TargetInfo = self.info  # type: ignore[attr-defined]
+        reason = self.skip_reason(case)
+        if reason is not None:
+            return reason
         for group in case.groups:
             spec = group.spec
             if spec.kind not in info.spec_kinds:
-                return f"spec kind {spec.kind} is not in vLLM {info.vllm_version}"
+                return f"field kind: {spec.kind} specs are not in vLLM {info.vllm_version}"
             if group.backend is not None and group.backend not in self.backend_classes:
-                return f"backend {group.backend} is not importable here"
+                return f"field backend: {group.backend} is not importable here"
             for field, default in FIELD_DEFAULTS.items():
                 if getattr(spec, field) != default and not info.can(spec.kind, field) and not self.implied(spec, field):
-                    return f"{spec.kind} specs of vLLM {info.vllm_version} have no {field}"
+                    return f"field {field}: {spec.kind} specs of vLLM {info.vllm_version} have none"
             if spec.block_stride_multiple_of is not None and not info.can(spec.kind, "block_stride_alignment"):
-                return f"{spec.kind} specs of vLLM {info.vllm_version} have no block_stride_alignment"
+                return f"field block_stride_alignment: {spec.kind} specs of vLLM {info.vllm_version} have none"
+            if spec.block_stride_multiple_of is not None and not hasattr(self.attention_spec, "get_block_stride_alignment"):
+                return f"field block_stride_alignment: vLLM {info.vllm_version} takes none in whole kernel blocks"
+            reason = self._dtype_reason(spec, info)
+            if reason is not None:
+                return reason
+        return None
+
+    def _dtype_reason(self, spec: SpecCase, info: TargetInfo) -> str | None:
+        if spec.kind == "mamba":
+            return None
+        if spec.registered_cache_dtype:
+            if not info.registers_dtypes:
+                return f"field registered_cache_dtype: vLLM {info.vllm_version} has no cache dtype handler registry"
+            if spec.cache_dtype in info.cache_dtypes:
+                # Registering it would replace vLLM's own dtype for every later case of this process.
+                return f"field cache_dtype: {spec.cache_dtype} is vLLM's own; a registered dtype needs a name of its own"
+            if spec.kv_quant_mode not in info.quant_modes:
+                return f"field kv_quant_mode: {spec.kv_quant_mode} is not a KVQuantMode of vLLM {info.vllm_version}"
+            return None
+        if spec.cache_dtype not in info.cache_dtypes:
+            return f"field cache_dtype: vLLM {info.vllm_version} accepts no {spec.cache_dtype}"
+        if spec.kv_quant_mode not in info.quant_modes:
+            return f"field kv_quant_mode: {spec.kv_quant_mode} is not a KVQuantMode of vLLM {info.vllm_version}"
+        if pages.defined_content_bytes(spec) is None:
+            return f"cache dtype {spec.cache_dtype}: the oracle has no definition of its page for this spec"
         return None
 
     def implied(self, spec: SpecCase, field: str) -> bool:
@@ -270,24 +495,33 @@ class Adapter:
             return self._synthetic[key]
         return self.backend_classes.get(group.backend) if group.backend else None
 
-    def build_spec(self, spec: SpecCase) -> Any:
-        cls = getattr(self.kv, SPEC_CLASSES[spec.kind])
+    def spec_fields(self, cls: type) -> frozenset[str]:
         fields = self._spec_fields.get(cls)
         if fields is None:
             fields = self._spec_fields[cls] = frozenset(f.name for f in dataclasses.fields(cls))
+        return fields
+
+    def build_spec(self, spec: SpecCase) -> Any:
+        """vLLM's spec for the case's spec, built as a layer builds it: storage dtype and quant mode
+        come from the release's own tables for the cache dtype."""
+        cls = self.spec_classes[spec.kind]
+        fields = self.spec_fields(cls)
         if spec.kind == "mamba":
             values: dict[str, Any] = {
                 "block_size": spec.block_size,
                 "shapes": tuple(spec.mamba_shapes),
                 "dtypes": tuple(TORCH_DTYPES[d] for d in spec.mamba_dtypes),
                 "page_size_padded": spec.page_size_padded,
+                "state_alignment": spec.state_alignment if spec.state_alignment != 1 else None,
+                "block_stride_alignment": self._block_stride_alignment(spec),
             }
-            return cls(**{k: v for k, v in values.items() if k in fields})
+            return cls(**{k: v for k, v in values.items() if k in fields and (v is not None or k == "page_size_padded")})
+        self.register_cache_dtype(spec)
         values = {
             "block_size": spec.block_size,
             "num_kv_heads": spec.num_kv_heads,
             "head_size": spec.head_size,
-            "dtype": TORCH_DTYPES[spec.dtype],
+            "dtype": self.storage_dtype(spec),
             "page_size_padded": spec.page_size_padded,
             "compress_ratio": spec.compress_ratio,
             "tokens_per_state": spec.compress_ratio,
@@ -298,67 +532,146 @@ class Adapter:
             "sink_len": spec.sink_len,
             "alignment": spec.alignment,
             "model_version": spec.model_version,
+            "topk_buffer_width": spec.topk_buffer_width,
+            "is_draft": spec.is_draft or None,
         }
         if "kv_quant_mode" in fields:
-            values["kv_quant_mode"] = self.kv.KVQuantMode[spec.kv_quant_mode.upper()]
+            values["kv_quant_mode"] = self.quant_mode(spec)
         if spec.head_size_v is not None:
             values["head_size_v"] = spec.head_size_v
         if spec.kind in MLA_KINDS:
             values["cache_dtype_str"] = spec.cache_dtype
-        if spec.block_stride_multiple_of is not None:
-            values["block_stride_alignment"] = self.multiple_of(spec.block_stride_multiple_of)
-        elif spec.block_stride_alignment is not None:
-            values["block_stride_alignment"] = spec.block_stride_alignment
+        values["block_stride_alignment"] = self._block_stride_alignment(spec)
         return cls(**{k: v for k, v in values.items() if k in fields and (v is not None or k == "page_size_padded")})
+
+    def _block_stride_alignment(self, spec: SpecCase) -> Any:
+        if spec.block_stride_multiple_of is not None:
+            return self.multiple_of(spec.block_stride_multiple_of)
+        return spec.block_stride_alignment
+
+    def storage_dtype(self, spec: SpecCase) -> torch.dtype:
+        """The torch dtype the release stores the cache dtype as (the model dtype for "auto")."""
+        stored = self.dtype_table.get(spec.cache_dtype) if spec.cache_dtype != "auto" else None
+        return stored if isinstance(stored, torch.dtype) else TORCH_DTYPES[spec.dtype]
+
+    def quant_mode(self, spec: SpecCase) -> Any:
+        """The KVQuantMode the release gives the cache dtype (its own lookup, as a layer asks it)."""
+        if self.quant_lookup is not None:
+            return self.quant_lookup(spec.cache_dtype)
+        return self.quant_enum[spec.kv_quant_mode.upper()]  # type: ignore[index]
+
+    def register_cache_dtype(self, spec: SpecCase) -> None:
+        """Registers a case's own cache dtype with the release's handler registry, once."""
+        if not spec.registered_cache_dtype or spec.cache_dtype in self._registered or self.registry is None:
+            return
+        storage, mode = TORCH_DTYPES[spec.dtype], self.quant_enum[spec.kv_quant_mode.upper()]  # type: ignore[index]
+        handler = type("KvfuzzDTypeHandler", (), {"name": spec.cache_dtype, "torch_dtype": lambda self: storage,
+                                                   "quant_mode": lambda self: mode})
+        self.registry(spec.cache_dtype)(handler)
+        self._registered.add(spec.cache_dtype)
 
     def declare(self, case: Case) -> Case:
         """Declaring is idempotent, so cases that already carry their backends' fields may be re-run."""
         return dataclasses.replace(case, groups=tuple(self.declare_group(g, case.layout) for g in case.groups))
 
     def execute(self, case: Case, device: str, probe: bool = False) -> Execution:
+        translated = self.translate(case)
+        if isinstance(translated, str):
+            return Execution(case, skipped=translated)
+        case = translated
         reason = self.unsupported(case)
         if reason is not None:
             return Execution(case, skipped=reason)
         try:
-            case = self.declare(case)
+            declared = self.declare(case)
         except Inexpressible as error:
             return Execution(case, skipped=str(error))
-        except Exception as error:  # noqa: BLE001 - the backend refuses the spec at configuration time
-            return Execution(case, refused=f"{type(error).__name__}: {error}".splitlines()[0][:300])
-        if device != "meta" and self.max_buffer_bytes and oracles.buffer_bytes(case, self.info.contract) > self.max_buffer_bytes:  # type: ignore[attr-defined]
+        except BrokenDeclaration as error:
+            return Execution(case, declaration=(error.function, str(error), error.layer))
+        except Exception as error:  # noqa: BLE001 - building specs or asking the backend failed: judged like any vLLM error
+            failure = vllm_failure(error)
+            if failure is None:
+                raise
+            return Execution(case, outcome=failure)
+        if device != "meta" and self.max_buffer_bytes and oracles.buffer_bytes(declared, self.info.contract) > self.max_buffer_bytes:  # type: ignore[attr-defined]
             # Alignment rules can blow a few-block case up to GiBs; describe those at production scale instead.
-            return Execution(case, skipped=f"its buffers need more than {self.max_buffer_bytes} bytes")
-        return Execution(case, outcome=capture(lambda: self._run(case, torch.device(device), probe)))
+            return Execution(declared, skipped=f"its buffers need more than {self.max_buffer_bytes} bytes")
+        specs: list[Any] = []  # vLLM's specs, as built before anything else can fail
+        try:
+            outcome = capture(lambda: self._run(declared, torch.device(device), probe, specs))
+        except CaseMismatch as error:
+            return Execution(declared, case_error=str(error))
+        if specs:
+            outcome = dataclasses.replace(outcome, specs={i: self.spec_facts(spec) for i, spec in enumerate(specs)})
+        return Execution(declared, outcome=outcome)
 
-    def _run(self, case: Case, device: torch.device, probe: bool = False) -> Outcome:
-        views, raw, used = self.prepare(case, device)()
+    def _run(self, case: Case, device: torch.device, probe: bool, specs: list[Any]) -> Outcome:
+        views, raw, used = self.prepare(case, device, specs)()
         outcome = self.record(views, raw, dict(case.kv_sharing), used)
         if probe and device.type != "meta":
             outcome = dataclasses.replace(outcome, probe=physical_probe(views, raw))
         return outcome
 
-    def prepare(self, case: Case, device: torch.device) -> Callable[[], tuple[dict[str, Any], list[torch.Tensor], dict[int, int]]]:
+    def spec_facts(self, spec: Any) -> dict[str, Any]:
+        """What vLLM's spec says about the page: its quant mode and its page before padding."""
+        mode = getattr(spec, "kv_quant_mode", None) if self.quant_lookup is not None else None
+        if hasattr(spec, "unpadded_page_size_bytes"):
+            page = spec.unpadded_page_size_bytes
+        else:
+            page = spec.page_size_bytes if getattr(spec, "page_size_padded", None) is None else None
+        return {"kv_quant_mode": None if mode is None else mode.name.lower(), "page_bytes": page}
+
+    def prepare(self, case: Case, device: torch.device,
+                built: list[Any] | None = None) -> Callable[[], tuple[dict[str, Any], list[torch.Tensor], dict[int, int]]]:
         """The V2 model runner's walk up to the call under test (plan, add KV-sharing layers, pick
         kernel sizes); the returned call allocates the raw buffers and makes the views."""
         specs = [self.build_spec(g.spec) for g in case.groups]
-        groups = [self.kv.KVCacheGroupSpec(list(g.layers), spec) for g, spec in zip(case.groups, specs, strict=True)]
+        if built is not None:
+            built.extend(specs)
+        groups = [self.group_spec(list(g.layers), spec) for g, spec in zip(case.groups, specs, strict=True)]
         self.config.cache_config.num_gpu_blocks_override = case.num_blocks
         self.configure_layout(case.layout)
-        config = self.planner(self.config, groups, AVAILABLE_MEMORY)
-        sharing = dict(case.kv_sharing)
-        self.worker.add_kv_sharing_layers_to_kv_cache_groups(sharing, config.kv_cache_groups)
+        config = self.plan(groups, case.num_blocks)
+        if case.kv_sharing:
+            self.sharing(dict(case.kv_sharing), config.kv_cache_groups)  # type: ignore[misc]
         attn_groups = [self.attention_groups(index, group, spec, config)
                        for index, (group, spec) in enumerate(zip(case.groups, specs, strict=True))]
-        kernel_block_sizes = self.worker.prepare_kernel_block_sizes(config, attn_groups)
-        return lambda: self.make_views(case, config, attn_groups, kernel_block_sizes, device)
+        if "kernel-block choice" in self.off:
+            kernel_block_sizes = [g.kernel_block_size or g.spec.block_size for g in case.groups if g.spec.kind != "encoder_only"]
+            used = dict(enumerate(kernel_block_sizes))
+        else:
+            try:
+                kernel_block_sizes = self.kernel_choice(config, attn_groups)  # type: ignore[misc]
+                used = self.kernel_sizes_used(attn_groups, kernel_block_sizes)
+            except ValueError as error:  # vLLM's rule finds no kernel block size for a backend: the case states one
+                stated = [g.kernel_block_size or g.spec.block_size for g in case.groups]
+                raise CaseMismatch(f"kernel_block_size: the case says {stated}, vLLM derives none ({error})".splitlines()[0]) from None
+            check_derived_kernel_sizes(case, used)
+
+        def views() -> tuple[dict[str, Any], list[torch.Tensor], dict[int, int]]:
+            made, raw = self.make_views(case, config, attn_groups, kernel_block_sizes, device)
+            return made, raw, used
+
+        return views
+
+    def kernel_sizes_used(self, attn_groups: list[list[Any]], kernel_block_sizes: list[int]) -> dict[int, int]:
+        """Each group's kernel block size as vLLM derives it for the views it binds."""
+        return dict(enumerate(kernel_block_sizes))
+
+    def plan(self, groups: list[Any], num_blocks: int) -> Any:
+        assert self.planner is not None
+        budget = num_blocks if self.planner.takes("num_blocks") else AVAILABLE_MEMORY
+        return self.planner.obj(self.config, groups, budget)
 
     def configure_layout(self, layout: str) -> None:
         pass
 
     def attention_groups(self, index: int, group: GroupCase, spec: Any, config: Any) -> list[Any]:
+        if self.attention_group is None:
+            return []
         backend = self.backend_class(group) or self.base_backend
         members = config.kv_cache_groups[index].layer_names
-        return [self.worker.AttentionGroup(backend=backend, layer_names=list(members), kv_cache_spec=spec, kv_cache_group_id=index)]
+        return [self.attention_group.obj(backend=backend, layer_names=list(members), kv_cache_spec=spec, kv_cache_group_id=index)]
 
     def record(self, views: dict[str, Any], raw: list[torch.Tensor], sharing: dict[str, str], used: dict[int, int]) -> Outcome:
         pointers = {storage_key(buffer): i for i, buffer in enumerate(raw)}
@@ -378,6 +691,21 @@ class Adapter:
                 layers_on[buffer].append(name)
         buffers = tuple(BufferRecord(size=b.untyped_storage().nbytes(), layers=tuple(layers)) for b, layers in zip(raw, layers_on, strict=True))
         return Outcome(views=records, buffers=buffers, kernel_block_sizes=used, aliases=aliases)
+
+
+def check_derived_kernel_sizes(case: Case, used: dict[int, int]) -> None:
+    """A case states each group's kernel block size; vLLM derives it from the backend and the block size. A case that
+    disagrees is a wrong case (CaseMismatch names the field and both values), not a finding about vLLM."""
+    for index, group in enumerate(case.groups):
+        derived = used.get(index)
+        stated = group.kernel_block_size or group.spec.block_size
+        if derived is not None and derived != stated:
+            raise CaseMismatch(f"groups[{index}].kernel_block_size: the case says {stated}, vLLM derives {derived} "
+                               f"for {group.backend_name} and block size {group.spec.block_size}")
+
+
+def _obj(found: Any) -> Any:
+    return None if found is None else found.obj
 
 
 def record_view(tensor: torch.Tensor, buffers: dict[int, int]) -> ViewRecord:

@@ -10,41 +10,62 @@ alias their target, and (0.32+) map_kv_caches_to_kernel_blocks gives the views b
 from __future__ import annotations
 
 import dataclasses
-import inspect
+import importlib
 from typing import Any
 
 import torch
 
 from fuzz.case import Case, GroupCase, SyntheticBackend
-from fuzz.errors import Inexpressible
+from fuzz.errors import BrokenDeclaration, Inexpressible
 from fuzz.targets.base import BackendInfo
 from fuzz.targets.common import Adapter
-from oracles import pages
+from fuzz.targets.entry_points import Probe
+from oracles import declarations, dtypes, pages
 from oracles.contract import LAYOUT_PLACED, LAYOUT_PLACED_KERNEL_MAP
 
 
-def probe() -> bool:
-    import vllm.v1.kv_cache_interface as kv
-
-    return hasattr(kv, "create_kv_cache_views")
+def probe(entry_points: Probe) -> bool:
+    """Whether the loaded vLLM places views by layout: an allocate_kv_cache that takes one."""
+    return entry_points.find("allocation") is not None
 
 
 class LayoutPlacedTarget(Adapter):
-    def __init__(self) -> None:
-        super().__init__()
-        from vllm.v1.kv_cache_layout import KVCacheLayout
-
-        self.layouts = KVCacheLayout
-        self.kernel_map = getattr(self.worker, "map_kv_caches_to_kernel_blocks", None)
-        self.customize = getattr(self.worker, "customize_attention_spec", None)
-        self.select_takes_specs = "kv_cache_specs" in inspect.signature(self.worker.select_common_block_size).parameters
-        self.generation = "G6" if self.kernel_map else "G5"
-        self.info = self.target_info(LAYOUT_PLACED_KERNEL_MAP if self.kernel_map else LAYOUT_PLACED,
-                                     tuple(layout.name for layout in KVCacheLayout))
+    def __init__(self, entry_points: Probe) -> None:
+        super().__init__(entry_points)
+        self.allocate = entry_points.get("allocation")
+        self.layouts = entry_points.get("KVCacheLayout")
+        self.kernel_map = _obj(entry_points.find("kernel-block mapping"))
+        group_cls = self.attention_group.obj if self.attention_group is not None else None
+        maps_kernel_blocks = group_cls is not None and hasattr(group_cls, "map_kv_cache_to_kernel_blocks")
+        if maps_kernel_blocks and (self.kernel_map is None or "kernel-block choice" in self.off):
+            why = entry_points.missing("kernel-block mapping") if self.kernel_map is None else "needs the kernel-block choice"
+            self.off["kernel-block mapping"] = why + "; compressed caches split into kernel blocks are skipped"
+            self.kernel_map = None
+        customize = entry_points.find("spec customization")
+        self.customize = None if customize is None else customize.obj
+        if self.customize is None and not hasattr(self.base_backend, "customize_spec"):
+            self.off["spec customization"] = entry_points.missing("spec customization") + "; only synthetic backends are drawn"
+        common = self.common_block_size
+        self.select_takes_specs = common is not None and common.takes("kv_cache_specs")
+        rope = entry_points.find("rotary dims")
+        self.rotary_dims = None if rope is None else importlib.import_module(rope.module)
+        self.generation = "G6" if maps_kernel_blocks else "G5"
+        self.info = self.target_info(LAYOUT_PLACED_KERNEL_MAP if maps_kernel_blocks else LAYOUT_PLACED,
+                                     tuple(layout.name for layout in self.layouts))
 
     def describe_backend(self, name: str, cls: type) -> BackendInfo:
         layouts = cls.supported_kv_cache_layouts() if hasattr(cls, "supported_kv_cache_layouts") else None
-        return self.base_backend_info(name, cls, layouts=None if layouts is None else tuple(layout.name for layout in layouts))
+        return self.base_backend_info(name, cls, layouts=None if layouts is None else tuple(layout.name for layout in layouts),
+                                      asymmetric_kv=self._takes_asymmetric_heads(cls))
+
+    def _takes_asymmetric_heads(self, cls: type) -> bool:
+        """Whether the backend's customize_spec accepts K and V heads of different sizes (some assert they are equal)."""
+        trial = self.spec_classes["full"](block_size=16, num_kv_heads=2, head_size=64, head_size_v=32, dtype=torch.bfloat16)
+        try:
+            self.customize(cls, trial) if self.customize else cls.customize_spec(trial)
+        except Exception:  # noqa: BLE001 - any refusal means: not for asymmetric heads
+            return False
+        return True
 
     def synthetic_namespace(self, backend: SyntheticBackend) -> dict[str, Any]:
         layouts = self.layouts
@@ -53,6 +74,17 @@ class LayoutPlacedTarget(Adapter):
             return None if backend.layouts is None else tuple(layouts[name] for name in backend.layouts)
 
         return {"supported_kv_cache_layouts": classmethod(supported_layouts), "customize_spec": classmethod(lambda cls, spec: spec)}
+
+    def skip_reason(self, case: Case) -> str | None:
+        reason = super().skip_reason(case)
+        if reason is not None:
+            return reason
+        split = any(g.spec.compress_ratio > 1 and (g.kernel_block_size or g.spec.block_size) < g.spec.block_size for g in case.groups)
+        if "kernel-block mapping" in self.off and split:
+            return f"check kernel-block mapping is off: {self.off['kernel-block mapping']}"
+        if "spec customization" in self.off and any(g.backend is not None for g in case.groups):
+            return f"check spec customization is off: {self.off['spec customization']}"
+        return None
 
     def declare(self, case: Case) -> Case:
         declared = super().declare(case)
@@ -64,11 +96,17 @@ class LayoutPlacedTarget(Adapter):
         return declared
 
     def declare_group(self, group: GroupCase, layout: str) -> GroupCase:
-        backend = self.backend_class(group)
-        if backend is None or group.synthetic_backend is not None or not group.spec.is_attention:
+        if not group.spec.is_attention:
             return group
+        if group.synthetic_backend is not None:
+            return dataclasses.replace(group, spec=_published_by_synthetic(group.spec))
+        backend = self.backend_class(group)
+        if backend is None:
+            return group
+        self._register_rotary_dims(group)
         built = self.build_spec(group.spec)
         custom = self.customize(backend, built) if self.customize else backend.customize_spec(built)
+        self._check_published(group, built, custom)
         alignment = getattr(custom, "block_stride_alignment", None)
         spec = dataclasses.replace(
             group.spec,
@@ -79,18 +117,39 @@ class LayoutPlacedTarget(Adapter):
         )
         return dataclasses.replace(group, spec=_keep_padding_margin(group.spec, spec))
 
+    def _check_published(self, group: GroupCase, built: Any, custom: Any) -> None:
+        """The head slots and state bytes a backend publishes must hold exactly the heads' K and V (oracles/declarations.py)."""
+        if (custom.num_head_slots, custom.state_content_bytes) == (built.num_head_slots, built.state_content_bytes):
+            return
+        spec = group.spec
+        definition = dtypes.definition(spec.cache_dtype)
+        quantized = spec.registered_cache_dtype or spec.kv_quant_mode != "none" or definition is None or not definition.plain
+        fault = declarations.published_fault(group.backend_name, quantized, built.num_kv_heads,
+                                             (built.head_size + built.head_size_v) * built.dtype.itemsize,
+                                             custom.num_heads, custom.state_content_size_bytes)
+        if fault is not None:
+            raise BrokenDeclaration("customize_spec", fault, group.layers[0])
+
+    def _register_rotary_dims(self, group: GroupCase) -> None:
+        """The model's rotary dims, where a backend sizes its cache by them (Octave). vLLM keeps them
+        per process by head size; every case is a model of its own, so the previous one's go."""
+        spec = group.spec
+        if self.rotary_dims is None or spec.rope_dim is None:
+            return
+        getattr(self.rotary_dims, "_rope_dim_by_head_size", {}).pop(spec.head_size, None)
+        self.rotary_dims.register_rope_dim(spec.head_size, spec.rope_dim)
+
     def configure_layout(self, layout: str) -> None:
         self.config.cache_config.kv_cache_layout = layout
 
     def attention_groups(self, index: int, group: GroupCase, spec: Any, config: Any) -> list[Any]:
-        if self.backend_class(group) is None or not getattr(spec, "has_layer_views", True) or not isinstance(spec, self.kv.AttentionSpec):
+        if self.backend_class(group) is None or not getattr(spec, "has_layer_views", True) or not isinstance(spec, self.attention_spec):
             return []
         return super().attention_groups(index, group, spec, config)
 
     def make_views(self, case: Case, config: Any, attn_groups: list[list[Any]], kernel_block_sizes: list[int],
-                   device: torch.device) -> tuple[dict[str, Any], list[torch.Tensor], dict[int, int]]:
-        used = self._bind_kernel_block_sizes(attn_groups, kernel_block_sizes)
-        kv_caches = self.worker.allocate_kv_cache(config, device, self.layouts[case.layout], kernel_block_sizes)
+                   device: torch.device) -> tuple[dict[str, Any], list[torch.Tensor]]:
+        kv_caches = self.allocate(config, device, self.layouts[case.layout], kernel_block_sizes)
         for sharer, target in case.kv_sharing:
             kv_caches[sharer] = kv_caches[target]
         if self.kernel_map is not None:
@@ -98,10 +157,11 @@ class LayoutPlacedTarget(Adapter):
         # One backing allocation: every view's storage is it.
         first = next(iter(kv_caches.values()))
         backing = torch.empty(0, dtype=torch.int8, device=first.device).set_(first.untyped_storage())
-        return kv_caches, [backing], used
+        return kv_caches, [backing]
 
-    def _bind_kernel_block_sizes(self, attn_groups: list[list[Any]], group_sizes: list[int]) -> dict[int, int]:
-        """Each attention group's kernel block size, chosen as create_metadata_builders does."""
+    def kernel_sizes_used(self, attn_groups: list[list[Any]], group_sizes: list[int]) -> dict[int, int]:
+        """Each attention group's kernel block size, chosen as create_metadata_builders does (and bound to the
+        group, which map_kv_caches_to_kernel_blocks reads)."""
         used: dict[int, int] = {}
         for index, per_group in enumerate(attn_groups):
             for group in per_group:
@@ -110,12 +170,29 @@ class LayoutPlacedTarget(Adapter):
                     continue
                 size = group_sizes[index]
                 if self.kernel_map is not None:
-                    args = ([group.backend], [group.kv_cache_spec]) if self.select_takes_specs else ([group.backend],)
-                    size = self.worker.select_common_block_size(size, *args)
+                    if self.common_block_size is not None:
+                        args = ([group.backend], [group.kv_cache_spec]) if self.select_takes_specs else ([group.backend],)
+                        size = self.common_block_size.obj(size, *args)
                     if size != group.kv_cache_spec.block_size:
                         group.kernel_block_size = size
                 used[index] = size
         return used
+
+
+def _obj(found: Any) -> Any:
+    return None if found is None else found.obj
+
+
+def _published_by_synthetic(spec: Any) -> Any:
+    """A synthetic backend that takes a quantized cache dtype publishes that dtype's content per
+    state, as every real backend of a packed or scaled format does (customize_spec, 0.28+)."""
+    if spec.state_content_bytes is not None or spec.registered_cache_dtype:
+        return spec
+    definition = dtypes.definition(spec.cache_dtype)
+    if definition is None or definition.plain:
+        return spec
+    content = pages.defined_content_bytes(spec)
+    return spec if content is None else dataclasses.replace(spec, state_content_bytes=content)
 
 
 def _keep_padding_margin(drawn: Any, declared: Any) -> Any:

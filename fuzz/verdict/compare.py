@@ -5,8 +5,10 @@ without touching its bytes (the oracle's own layouts are proven sound by its tes
 the difference is explained arithmetically on the strided layouts (oracles/strided.py: exact, and
 as fast for a 30,000-block production cache as for a toy one), in the order a reader wants:
 1. the target process died, hung or ran out of memory (crash-signal, hang, oom);
-2. a valid case is accepted, a case the contract cannot express is refused, and refused by a
-   check of vLLM's own rather than a low-level error from deep inside (crash-on-invalid);
+2. a valid case is accepted (a low-level error on it is crash-on-valid, a deliberate refusal
+   refused-valid), a case the contract cannot express is refused with the ValueError /
+   NotImplementedError vLLM promises (an assertion is assert-on-invalid, a low-level error from
+   deep inside crash-on-invalid, success accepted-invalid);
 3. every addressed byte lies in the layer's raw buffer (out-of-bounds);
 4. distinct elements of one view never share a byte (alias);
 5. shape and dtype are the declared ones (shape, dtype);
@@ -29,18 +31,18 @@ from fuzz.verdict.findings import Finding
 from oracles.expectation import Expectation, LayerExpectation, ViewExpectation
 from oracles.strided import Strided, Undecidable, inside, is_injective, same_bytes, touches
 
-# vLLM raises these on purpose to refuse a combination it does not support.
+# vLLM raises these on purpose to refuse a combination it does not support, with a message.
 REFUSALS = ("ValueError", "NotImplementedError")
-# On a case the contract cannot express, vLLM's own assertions are checks of that case too (often
-# with a message naming the rule). Any other error there means nothing checked the case and it
-# failed deep inside torch or arithmetic, as vLLM #54877 did (as_strided out of bounds).
-CHECKS = (*REFUSALS, "AssertionError")
+# An assertion is a check, but not the refusal vLLM promises (assertions vanish under python -O).
+# Any other error means nothing checked the case and it failed deep inside torch or arithmetic, as
+# vLLM #54877 did (as_strided out of bounds).
+ASSERTION = "AssertionError"
 PROCESS_FAILURES = {TARGET_CRASHED: "crash-signal", TARGET_HUNG: "hang", TARGET_OUT_OF_MEMORY: "oom"}
 
 
 @dataclass(frozen=True)
 class Verdict:
-    status: str  # "pass", "rejected", "skipped" or "finding"
+    status: str  # "pass", "rejected", "skipped", "case-error" (the case contradicts what vLLM derives) or "finding"
     finding: Finding | None = None
     reason: str | None = None
 
@@ -55,16 +57,13 @@ def compare(case: Case, expected: Expectation, outcome: Outcome) -> Verdict:
     def found(kind: str, function: str, message: str, layer: str | None = None) -> Verdict:
         return Verdict("finding", Finding(kind, spec_kind_of(case, layer), function, message, layer, latent))
 
+    if expected.broken_declaration is not None:
+        function, message = expected.broken_declaration
+        return found("declaration", function, message, expected.reject_layer)
     if outcome.raised:
         return _judge_error(expected, outcome, found)
     if not expected.accepted:
         return found("accepted-invalid", "reshape", f"accepted a case the contract rejects: {expected.reject_reason}", expected.reject_layer)
-
-    for index, size in outcome.kernel_block_sizes.items():
-        want = expected.kernel_block_sizes.get(index)
-        if want is not None and want != size:
-            layer = case.groups[index].layers[0] if index < len(case.groups) else None
-            return found("shape", "prepare_kernel_block_sizes", f"kernel block size {size} differs from the backend's choice {want}", layer)
 
     misplaced = _misplaced_buffers(expected, outcome)
     if misplaced is not None:
@@ -92,16 +91,19 @@ def compare(case: Case, expected: Expectation, outcome: Outcome) -> Verdict:
 
 def _judge_error(expected: Expectation, outcome: Outcome, found: Found) -> Verdict:
     message = f"{outcome.error_type}: {outcome.error_message}"
+    function = outcome.error_function or "?"
     failure = PROCESS_FAILURES.get(outcome.error_type or "")
     if failure is None and (outcome.error_type == "MemoryError" or "can't allocate memory" in (outcome.error_message or "")):
         failure = "oom"
     if failure is not None:
-        return found(failure, outcome.error_function or "?", outcome.error_message or "", outcome.error_layer)
-    if expected.accepted and outcome.error_type not in REFUSALS:
-        return found("crash-on-valid", outcome.error_function or "?", message, outcome.error_layer)
-    if not expected.accepted and outcome.error_type not in CHECKS:
-        return found("crash-on-invalid", outcome.error_function or "?", message, outcome.error_layer or expected.reject_layer)
-    return Verdict("rejected", reason=message)
+        return found(failure, function, outcome.error_message or "", outcome.error_layer)
+    if expected.accepted:
+        kind = "refused-valid" if outcome.error_type in REFUSALS else "crash-on-valid"
+        return found(kind, function, message, outcome.error_layer)
+    if outcome.error_type in REFUSALS:
+        return Verdict("rejected", reason=f"{expected.reject_reason} (vLLM: {message})")
+    kind = "assert-on-invalid" if outcome.error_type == ASSERTION else "crash-on-invalid"
+    return found(kind, function, message, outcome.error_layer or expected.reject_layer)
 
 
 def spec_kind_of(case: Case, layer: str | None) -> str:

@@ -11,8 +11,12 @@ KINDS = (
     "crash-signal",
     "hang",
     "oom",
+    "spec-mismatch",
     "crash-on-valid",
     "crash-on-invalid",
+    "refused-valid",
+    "assert-on-invalid",
+    "declaration",
     "accepted-invalid",
     "out-of-bounds",
     "alias",
@@ -25,7 +29,36 @@ KINDS = (
     "probe-mismatch",
 )
 
+# What each kind means, in one line (SARIF rules, reports).
+DESCRIPTIONS = {
+    "crash-signal": "The target process died of a signal (segfault, abort) or exited.",
+    "hang": "The target did not finish the case within the case timeout.",
+    "oom": "The target process ran out of memory.",
+    "spec-mismatch": "vLLM built a KV-cache spec whose quant mode or page is not what the case's cache dtype defines.",
+    "crash-on-valid": "vLLM raised on a KV-cache configuration it must support.",
+    "crash-on-invalid": "vLLM failed deep inside torch or arithmetic on a configuration it should refuse with a message.",
+    "refused-valid": "vLLM refused a KV-cache configuration its layout contract expresses.",
+    "assert-on-invalid": "vLLM refused an inexpressible configuration by an assertion instead of a ValueError with a message.",
+    "declaration": "A backend declared a cache shape, stride order or page fields that break the layout contract.",
+    "accepted-invalid": "vLLM built views for a configuration its layout contract cannot express.",
+    "out-of-bounds": "A view addresses bytes outside its raw KV-cache buffer.",
+    "alias": "Distinct elements of one view share bytes.",
+    "shape": "A view's shape is not the declared one.",
+    "dtype": "A view's dtype is not the declared one.",
+    "block-partition": "A block's kernel blocks do not cover exactly that block's bytes.",
+    "page-escape": "A block's bytes leave its page or reach its padding.",
+    "share": "A KV-sharing layer does not alias its target layer's cache.",
+    "order": "Elements inside a block are not in the declared order.",
+    "probe-mismatch": "Bytes written through vLLM's views land where the oracle says they must not.",
+}
+
 PROCESS_KINDS = ("crash-signal", "hang", "oom")  # the target process died, hung or ran out of memory
+
+# How bad a kind is: "error" (vLLM builds or crashes on something wrong) or "warning" (vLLM refuses
+# a case the contract expresses, or refuses an inexpressible one by an assertion instead of the
+# ValueError it promises). A campaign's --fail-on decides which severities fail it.
+SEVERITIES = ("warning", "error")
+SEVERITY = {kind: "warning" if kind in ("refused-valid", "assert-on-invalid") else "error" for kind in KINDS}
 
 _NUMBERS = re.compile(r"\d+")
 
@@ -51,6 +84,10 @@ class Finding:
         return " | ".join((self.kind, self.spec_kind, self.function, normalize(self.message)))
 
     @property
+    def severity(self) -> str:
+        return SEVERITY.get(self.kind, "error")
+
+    @property
     def signature_id(self) -> str:
         return hashlib.sha256(self.signature.encode()).hexdigest()[:12]
 
@@ -66,6 +103,7 @@ class Finding:
             "message": self.message,
             "layer": self.layer,
             "latent": self.latent,
+            "severity": self.severity,
             "signature": self.signature,
             "signature_id": self.signature_id,
         }

@@ -8,8 +8,9 @@ import oracles
 from fuzz.case import Case
 from fuzz.targets.base import Execution, Outcome, Target
 from fuzz.verdict import probe
-from fuzz.verdict.compare import Verdict, compare, spec_kind_of
+from fuzz.verdict.compare import PROCESS_FAILURES, Verdict, compare, spec_kind_of
 from fuzz.verdict.findings import Finding
+from fuzz.verdict.specs import check_specs
 from oracles.expectation import Expectation
 
 
@@ -23,20 +24,34 @@ class CaseResult:
 
 def judge(execution: Execution, target_contract: oracles.Contract) -> CaseResult:
     """The verdict on one execution; the oracle sees only the declared case and the contract."""
+    case = execution.case
     if execution.skipped is not None:
-        return CaseResult(execution.case, Verdict("skipped", reason=execution.skipped))
-    if execution.refused is not None:
-        return CaseResult(execution.case, Verdict("rejected", reason=f"backend refused the spec: {execution.refused}"))
+        return CaseResult(case, Verdict("skipped", reason=execution.skipped))
+    if execution.case_error is not None:
+        return CaseResult(case, Verdict("case-error", reason=execution.case_error))
+    if execution.declaration is not None:
+        function, message, layer = execution.declaration
+        finding = Finding("declaration", spec_kind_of(case, layer), function, message, layer, case.is_latent)
+        return CaseResult(case, Verdict("finding", finding))
     assert execution.outcome is not None
-    expectation = oracles.expect(execution.case, target_contract)
-    verdict = compare(execution.case, expectation, execution.outcome)
+    failure = PROCESS_FAILURES.get(execution.outcome.error_type or "")
+    if failure is not None:
+        # The process died, hung or ran out of memory: the case may never have been declared, and
+        # no expectation is needed to say so.
+        outcome = execution.outcome
+        finding = Finding(failure, spec_kind_of(case, outcome.error_layer), outcome.error_function or "?", outcome.error_message or "",
+                          outcome.error_layer, case.is_latent)
+        return CaseResult(case, Verdict("finding", finding), None, outcome)
+    expectation = oracles.expect(case, target_contract)
+    mismatch = check_specs(case, execution.outcome)
+    verdict = Verdict("finding", mismatch) if mismatch is not None else compare(case, expectation, execution.outcome)
     if verdict.status == "pass" and execution.outcome.probe is not None:
         difference = probe.check(expectation, execution.outcome)
         if difference is not None:
             layer = difference.split(":")[0]
-            verdict = Verdict("finding", Finding("probe-mismatch", spec_kind_of(execution.case, layer), "physical-probe", difference,
-                                                 layer, execution.case.is_latent))
-    return CaseResult(execution.case, verdict, expectation, execution.outcome)
+            verdict = Verdict("finding", Finding("probe-mismatch", spec_kind_of(case, layer), "physical-probe", difference,
+                                                 layer, case.is_latent))
+    return CaseResult(case, verdict, expectation, execution.outcome)
 
 
 def run_case(target: Target, case: Case, device: str = "cpu", probe: bool = False) -> CaseResult:

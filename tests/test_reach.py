@@ -1,0 +1,60 @@
+"""Generator reach on the newest release: a fixed-seed sample draws every cache dtype, quant mode,
+layout and backend the release defines (the backends whose classes import on this machine),
+from the release's own tables, including what 0.32.0 did not have."""
+
+from collections import Counter
+
+import pytest
+
+from fuzz.errors import TargetError
+from fuzz.space import Rejected, draw_indexed
+from fuzz.targets.base import TargetInfo
+
+pytestmark = [pytest.mark.releases, pytest.mark.slow]
+SAMPLE = 4000
+
+
+def release_info(version: str) -> TargetInfo:
+    from fuzz.campaign.pool import Pool
+    from fuzz.targets.releases import resolve
+
+    try:
+        source = resolve(version)
+    except TargetError as error:
+        pytest.skip(f"release not available here: {error}")
+    with Pool(source, workers=1) as pool:
+        assert pool.info is not None
+        return pool.info
+
+
+def counts(info: TargetInfo, sample: int = SAMPLE, seed: int = 1) -> Counter[str]:
+    drawn: Counter[str] = Counter()
+    for index in range(sample):
+        try:
+            case = draw_indexed(info, seed, index)
+        except Rejected:
+            continue
+        drawn["layout=" + case.layout] += 1
+        for group in case.groups:
+            spec = group.spec
+            if spec.kind == "mamba":
+                continue
+            drawn["backend=" + (group.backend or "synthetic")] += 1
+            drawn["cache=" + ("registered" if spec.registered_cache_dtype else spec.cache_dtype)] += 1
+            drawn["quant=" + spec.kv_quant_mode] += 1
+            drawn["topk_buffer_width"] += spec.topk_buffer_width is not None
+            drawn["is_draft"] += spec.is_draft
+    return drawn
+
+
+def test_every_option_of_0_33_is_drawn():
+    newest, previous = release_info("0.33.0"), release_info("0.32.0")
+    drawn = counts(newest)
+    wanted = (["cache=" + name for name in newest.cache_dtypes] + ["quant=" + mode for mode in newest.quant_modes]
+              + ["layout=" + name for name in newest.layouts] + ["backend=" + b.name for b in newest.backends] + ["cache=registered"]
+              + ["topk_buffer_width", "is_draft"])  # the spec fields 0.33 added
+    print("\n".join(f"{option:40} {drawn[option]}" for option in sorted(wanted)))
+    assert not [option for option in wanted if drawn[option] == 0], {option: drawn[option] for option in wanted}
+    added = (set(newest.cache_dtypes) - set(previous.cache_dtypes)) | (set(newest.quant_modes) - set(previous.quant_modes))
+    assert {"octave_k3v4", "octave_k3v3", "octave_k3v3_compact", "custom"} <= added
+    assert {b.name for b in newest.backends} - {b.name for b in previous.backends} >= {"ROCM_OCTAVE"}

@@ -1,0 +1,156 @@
+"""Every kvfuzz command line README.md shows parses with kvfuzz's own parser, and (slow) runs as shown.
+
+Commands come from README's code blocks and inline code. Placeholders (FILE, SPEC, X.Y.Z, N|auto)
+become real values. A command that runs to its end must exit 0 or 1 with no error or traceback; a campaign
+is stopped once it has run a while past its start (its options, target and corpus all accepted).
+Commands that need what this machine lacks, or take minutes, are skipped with the reason.
+"""
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fuzz.cli import _parser
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+FINDING = "corpus/findings/aaa4020afea7-3a0ee8f9098fdccf.json"
+PLACEHOLDERS = {"FILE": FINDING, "CASE": FINDING, "SPEC": "installed", "X.Y.Z": "0.32.0", "N|auto": "2", "PATH": "corpus"}
+# Commands not run here, and why (matched on the start of the command).
+NOT_RUN = {
+    "kvfuzz run --ray": "needs a Ray cluster (tests/test_ray.py runs one on this machine)",
+    "kvfuzz ci --vllm .": "runs in a vLLM clone; tests/test_ci.py runs kvfuzz ci on such a tree",
+    "kvfuzz ci --vllm installed --budget 120": "tests/test_ci.py runs exactly this (the acceptance run)",
+    "kvfuzz bisect": "replays the case on every release: minutes",
+    "kvfuzz bench": "measures for minutes",
+}
+STARTUP_SECONDS = 40.0  # a campaign still running this long after it started has accepted its options and target
+
+
+def readme_commands() -> list[str]:
+    """kvfuzz example commands: lines of code blocks and inline code spans with arguments, not the CLI reference."""
+    text = README.read_text()
+    reference = text.index("## CLI reference")
+    text = text[:reference] + text[text.index("```", text.index("```", reference) + 3) + 3:]
+    found = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S) + re.findall(r"(?m)^((?: {4}.*\n)+)", text):
+        found += [line.strip() for line in block.splitlines() if line.strip().startswith("kvfuzz ")]
+    found += [span for span in inline_spans(text) if len(span.split()) > 2 and "[--" not in span]
+    commands = [" ".join(re.sub(r"\s+#.*$", "", command).split()) for command in found]
+    return list(dict.fromkeys(commands))
+
+
+def inline_spans(text: str) -> list[str]:
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    return [" ".join(span.split()) for span in re.findall(r"`(kvfuzz [^`]+)`", prose)]
+
+
+def synopses() -> list[str]:
+    """Usage lines: the CLI reference block and inline synopses such as `kvfuzz ci --vllm SPEC|PATH [--budget S] ...`."""
+    text = README.read_text()
+    start = text.index("```", text.index("## CLI reference"))
+    block = text[start + 3:text.index("```", start + 3)]
+    lines, current = [], ""
+    for line in block.splitlines():
+        if line.startswith("kvfuzz "):
+            lines.append(current)
+            current = line
+        else:
+            current += " " + line.strip()
+    return [line for line in lines + [current] if line.strip()] + [span for span in inline_spans(text) if "[--" in span]
+
+
+def argv_of(command: str) -> list[str]:
+    """The arguments after `kvfuzz`, placeholders filled in and optional [ARGS] left out."""
+    tokens = [token for token in shlex.split(command)[1:] if not re.fullmatch(r"\[[A-Z]+\]", token)]
+    return [PLACEHOLDERS.get(token, token) for token in tokens]
+
+
+COMMANDS = readme_commands()
+
+
+def test_readme_shows_the_commands_it_should():
+    subcommands = {command.split()[1] for command in COMMANDS}
+    assert {"run", "replay", "explain", "ci", "selftest"} <= subcommands, COMMANDS
+    assert "kvfuzz run --engine atheris" in COMMANDS and "kvfuzz replay --builtin-corpus" in COMMANDS
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_readme_command_parses(command):
+    try:
+        _parser().parse_args(argv_of(command))
+    except SystemExit as exit_:
+        pytest.fail(f"README's `{command}` does not parse (exit {exit_.code})")
+
+
+def test_usage_lines_name_only_options_that_exist():
+    parsers = _parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    lines = synopses()
+    for line in lines:
+        command = line.split()[1]
+        assert command in parsers, f"README names a subcommand kvfuzz lacks: {line}"
+        unknown = set(re.findall(r"(--[a-z][a-z-]*)", line)) - set(parsers[command]._option_string_actions)
+        assert not unknown, f"`{line}` names options kvfuzz {command} lacks: {sorted(unknown)}"
+    assert set(parsers) <= {line.split()[1] for line in lines}, "a subcommand is missing from the CLI reference"
+
+
+def test_atheris_without_workers_passes_its_option_check(monkeypatch):
+    """README's `kvfuzz run --engine atheris` (no --workers) reaches the engine; --workers 2 is refused before it."""
+    from fuzz.commands import _run_atheris
+    from fuzz.engines import atheris_engine
+    from fuzz.errors import UsageError
+
+    started = []
+    monkeypatch.setattr(atheris_engine, "run_atheris", lambda *args, **kwargs: started.append(kwargs) or {"findings": []})
+    with pytest.raises(UsageError, match="runs one process"):
+        _run_atheris(_parser().parse_args(["run", "--engine", "atheris", "--workers", "2"]), sys.stdout)
+    assert started == []
+    assert _run_atheris(_parser().parse_args(argv_of("kvfuzz run --engine atheris")), sys.stdout) == 0
+    assert len(started) == 1 and started[0]["max_time"] == 60.0
+
+
+def runnable(command: str) -> str | None:
+    """Why the command is not run here, or None."""
+    for start, reason in NOT_RUN.items():
+        if command.startswith(start):
+            return reason
+    if "cuda" in command.split():
+        import torch
+
+        if not torch.cuda.is_available():
+            return "needs a CUDA device"
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", COMMANDS)
+def test_readme_command_runs(command, tmp_path):
+    reason = runnable(command)
+    if reason:
+        pytest.skip(reason)
+    (tmp_path / "corpus").symlink_to(REPO / "corpus")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
+    argv = argv_of(command)
+    if argv[0] == "run" and "--corpus" not in argv:
+        argv += ["--corpus", str(tmp_path / "findings")]  # README's runs write to corpus/findings: not the repository's
+    process = subprocess.Popen([sys.executable, "-m", "fuzz.cli", *argv], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + STARTUP_SECONDS + 60
+    while process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    stopped = process.poll() is None
+    if stopped:
+        os.killpg(process.pid, signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    assert not any(marker in output for marker in ("kvfuzz: error:", "usage: kvfuzz", "Traceback (most recent call last)")), output[-2000:]
+    if not stopped:
+        assert process.returncode in (0, 1), output[-2000:]
+    else:
+        assert argv[0] in ("run", "selftest", "ci"), f"only campaigns may outlast the limit: {output[-2000:]}"
