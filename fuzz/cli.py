@@ -127,6 +127,18 @@ def _parser() -> argparse.ArgumentParser:
     selftest.add_argument("--corpus", type=Path, help="keep new findings here (default: a temporary folder)")
     selftest.add_argument("--no-synthetic", action="store_true")
 
+    mutate = sub.add_parser("mutate", help="would kvfuzz catch a bug here? single-edit mutants of vLLM's layout functions, each fuzzed")
+    target_options(mutate)
+    mutate.add_argument("--function", action="append", metavar="NAME",
+                        help="mutate this function (bare or Class.method name; repeatable); default: the release's layout functions")
+    mutate.add_argument("--budget", type=_positive(float), default=30.0, help="seconds of fuzzing per mutant (default 30)")
+    mutate.add_argument("--jobs", type=_positive(int), default=max(1, os.cpu_count() or 1), help="mutants fuzzed at once")
+    mutate.add_argument("--seed", type=int, default=0)
+    mutate.add_argument("--session", type=Path, help="append each result to this JSONL file and resume from it")
+    mutate.add_argument("--max-mutants", type=_positive(int), help="stop after this many mutants (in source order)")
+    mutate.add_argument("--no-synthetic", action="store_true")
+    mutate.add_argument("--json", action="store_true", help="print the report as JSON")
+
     bench = sub.add_parser("bench", help="measure pipeline speed against the bare vLLM calls and peer harnesses")
     target_options(bench)
     bench.add_argument("--cases", type=_positive(int), default=200, help="cases in the measured mix (default 200)")
@@ -168,10 +180,11 @@ def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout, stderr: Tex
         return 2 if exit_.code else 0
     args.started = started
     from fuzz import commands
+    from fuzz.mutate.command import mutate as mutate_command
     from fuzz.campaign import stop
 
     handlers = {"run": commands.run, "replay": commands.replay, "explain": commands.explain, "minimize": commands.shrink,
-                "bisect": commands.bisect, "bench": commands.bench, "selftest": commands.selftest, "ci": commands.ci}
+                "bisect": commands.bisect, "bench": commands.bench, "selftest": commands.selftest, "ci": commands.ci, "mutate": mutate_command}
     # The atheris engine handles Ctrl-C itself (its fuzzing child is no pool of ours).
     atheris = args.command == "run" and args.engine == "atheris"
     with contextlib.nullcontext() if atheris else stop.handling():

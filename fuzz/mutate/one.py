@@ -1,0 +1,53 @@
+"""One campaign on one tree, for `kvfuzz mutate`: `python -m fuzz.mutate.one CONFIG OUT`.
+
+A process of its own per mutant (its zygote imports the mutant's vLLM), so mutants run side by
+side and a mutant that wrecks its process takes nothing else with it. The campaign starts from a
+corpus that knows the unmutated tree's findings and stops at the first finding beyond them; OUT
+gets the status (`found`, `quiet` or `stillborn`), that finding and its case.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from fuzz.campaign.engine import Campaign, CampaignOptions
+from fuzz.campaign.pool import Pool
+from fuzz.case import to_dict
+from fuzz.corpus import store
+from fuzz.errors import KvfuzzError
+from fuzz.targets.releases import TargetSource
+
+
+def run(config: dict) -> dict:
+    # This process's PYTHONPATH already puts the tree (a mutant's, or the unmutated one) first.
+    source = TargetSource(spec="mutant", kind="installed", version=None, python_path=None)
+    corpus_dir = Path(config["corpus"])
+    known = set(config.get("known", ()))
+    try:
+        pool = Pool(source, workers=1, case_timeout=config["case_timeout"], max_memory=config["max_memory"])
+    except KvfuzzError as error:
+        return {"status": "stillborn", "detail": str(error)}
+    with pool:
+        options = CampaignOptions(device=config["device"], max_time=config["budget"], seed=config["seed"], corpus_dir=corpus_dir,
+                                  synthetic=config["synthetic"], shrink_seconds=config.get("shrink_seconds", 10.0))
+        campaign = Campaign(pool, options, until=lambda record: record.finding.signature not in known if config["stop_at_new"] else False)
+        report = campaign.run()
+    new = [r for r in report.findings if r.finding.signature not in known]
+    result: dict = {"status": "found" if new else "quiet", "cases": report.cases, "elapsed_s": round(report.elapsed_s, 2),
+                    "signatures": sorted(r.finding.signature for r in report.findings)}
+    if new:
+        first = new[0]
+        entry = next(store.entries(first.path))
+        result.update({"signature": first.finding.signature, "kind": first.finding.kind, "case": to_dict(entry.case)})
+    return result
+
+
+def main(config_path: str, out_path: str) -> None:
+    config = json.loads(Path(config_path).read_text())
+    store.write_atomic(Path(out_path), run(config))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

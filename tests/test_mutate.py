@@ -1,0 +1,126 @@
+"""`kvfuzz mutate`: the operators make exactly the edits they name, keep files' line counts, find
+functions that moved, and (slow) every mutant of a small layout function dies."""
+
+import ast
+import json
+import textwrap
+
+import pytest
+
+from fuzz.mutate.functions import layout_functions
+from fuzz.mutate.operators import apply, mutants_of
+
+SOURCE = textwrap.dedent('''\
+    import logging
+
+    logger = logging.getLogger(__name__)
+
+
+    def strides(spec, num_blocks, kernel_block_size=None):
+        """Byte strides."""
+        block_size = spec.block_size
+        if kernel_block_size is not None and block_size % kernel_block_size:
+            raise ValueError(f"{block_size} is not a multiple of {kernel_block_size + 1}")
+        ratio = block_size // (kernel_block_size or block_size)
+        logger.info("ratio %d", ratio + 1)
+        order = (0, 2, 1)
+        return num_blocks * ratio + min(ratio, 4), order
+    ''')
+
+
+def edits(source=SOURCE):
+    return {(m.operator, m.original, m.replacement) for m in mutants_of(source, "m.py", "strides")}
+
+
+def test_operators_make_the_edits_they_name_and_leave_messages_and_logging_alone():
+    expected = {
+        ("swap-name", "kernel_block_size", "block_size"),
+        ("swap-name", "block_size", "kernel_block_size"),
+        ("flip-compare", "kernel_block_size is not None", "kernel_block_size is None"),
+        ("drop-raise", 'raise ValueError(f"{block_size} is not a multiple of {kernel_block_size + 1}")', "pass"),
+        ("floordiv-mul", "block_size // (kernel_block_size or block_size)", "block_size * (kernel_block_size or block_size)"),
+        ("floordiv-mul", "num_blocks * ratio", "num_blocks // ratio"),
+        ("drop-term", "num_blocks * ratio + min(ratio, 4)", "num_blocks * ratio"),
+        ("drop-term", "num_blocks * ratio + min(ratio, 4)", "min(ratio, 4)"),
+        ("min-max", "min(ratio, 4)", "max(ratio, 4)"),
+        ("off-by-one", "4", "5"),
+        ("off-by-one", "4", "3"),
+        ("permute-order", "(0, 2, 1)", "(2, 0, 1)"),
+        ("permute-order", "(0, 2, 1)", "(0, 1, 2)"),
+        ("off-by-one", "0", "1"), ("off-by-one", "0", "-1"),
+        ("off-by-one", "2", "3"), ("off-by-one", "2", "1"),
+        ("off-by-one", "1", "2"), ("off-by-one", "1", "0"),
+    }
+    assert edits() == expected
+
+
+def test_an_edit_keeps_the_line_count_and_changes_behaviour():
+    def run(source):
+        namespace: dict = {}
+        exec(compile(source, "m.py", "exec"), namespace)
+
+        class Spec:
+            block_size = 64
+
+        return namespace["strides"](Spec, 3, 16)
+
+    assert run(SOURCE) == (3 * 4 + 4, (0, 2, 1))
+    results = set()
+    for mutant in mutants_of(SOURCE, "m.py", "strides"):
+        mutated = apply(SOURCE, mutant)
+        assert len(mutated.splitlines()) == len(SOURCE.splitlines()), mutant.edit
+        ast.parse(mutated)
+        assert mutated.splitlines()[mutant.line - 1] != SOURCE.splitlines()[mutant.line - 1], mutant.edit
+        try:
+            results.add(repr(run(mutated)))
+        except Exception as error:  # noqa: BLE001 - a mutant may well raise
+            results.add(type(error).__name__)
+    assert len(results) > 8, results
+
+
+def test_multi_line_edits_keep_the_following_lines_where_they_were():
+    source = "def f(x):\n    if x:\n        raise ValueError(\n            'no'\n        )\n    return x\n"
+    (mutant,) = [m for m in mutants_of(source, "m.py", "f") if m.operator == "drop-raise"]
+    mutated = apply(source, mutant)
+    assert mutated.splitlines()[5] == "    return x"
+    assert "raise" not in mutated
+
+
+def test_mutant_ids_survive_code_moving_above_the_function():
+    mutants = mutants_of(SOURCE, "m.py", "strides")
+    before = {m.id for m in mutants}
+    assert len(before) == len(mutants), "every mutant has an id of its own, repeated edits included"
+    moved = SOURCE.replace("import logging\n", "import logging\nimport os\n\n\ndef other():\n    return 1\n")
+    assert {m.id for m in mutants_of(moved, "m.py", "strides")} == before
+
+
+def test_layout_functions_follow_a_function_that_moved(tmp_path):
+    worker = tmp_path / "vllm" / "v1" / "worker"
+    worker.mkdir(parents=True)
+    (worker / "utils.py").write_text("def allocate_kv_cache(c):\n    return _helper(c)\n\n\ndef _helper(c):\n    return c\n")
+    moved = tmp_path / "vllm" / "v1" / "core" / "planning"
+    moved.mkdir(parents=True)
+    (moved / "plan.py").write_text("class Builder:\n    def get_kv_cache_config_from_groups(self, g):\n        return g\n")
+    found = {(f.path, f.qualname, f.role) for f in layout_functions(tmp_path)}
+    assert ("vllm/v1/worker/utils.py", "allocate_kv_cache", "allocation") in found
+    assert ("vllm/v1/worker/utils.py", "_helper", "allocation") in found
+    assert ("vllm/v1/core/planning/plan.py", "Builder.get_kv_cache_config_from_groups", "planner") in found
+    with pytest.raises(LookupError, match="no function named nowhere"):
+        layout_functions(tmp_path, ["nowhere"])
+
+
+@pytest.mark.slow
+def test_every_mutant_of_the_layer_shape_function_dies(tmp_path):
+    """The tool's own self-test: a small layout function whose mutants a working kvfuzz must all kill."""
+    pytest.importorskip("vllm")
+    import io
+
+    from fuzz.cli import main
+
+    out = io.StringIO()
+    code = main(["mutate", "--function", "compute_layer_kv_cache_shape_bytes", "--budget", "15", "--jobs", "2", "--device", "cpu",
+                 "--case-timeout", "10", "--json", "--session", str(tmp_path / "session.jsonl")], stdout=out)
+    assert code == 0
+    report = json.loads(out.getvalue())
+    assert report["totals"]["killed"] >= 6, report["mutants"]
+    assert report["totals"]["survived"] == report["totals"]["unreached"] == 0, [m for m in report["mutants"] if m["status"] != "killed"]
