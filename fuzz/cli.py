@@ -180,8 +180,8 @@ def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout, stderr: Tex
         return 2 if exit_.code else 0
     args.started = started
     from fuzz import commands
-    from fuzz.mutate.command import mutate as mutate_command
     from fuzz.campaign import stop
+    from fuzz.mutate.command import mutate as mutate_command
 
     handlers = {"run": commands.run, "replay": commands.replay, "explain": commands.explain, "minimize": commands.shrink,
                 "bisect": commands.bisect, "bench": commands.bench, "selftest": commands.selftest, "ci": commands.ci, "mutate": mutate_command}
