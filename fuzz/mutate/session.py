@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz import SOURCE_ROOT
+from fuzz.campaign import stop
 from fuzz.mutate.functions import Function, layout_functions
 from fuzz.mutate.operators import Mutant, mutants_of
 from fuzz.mutate.tree import copy_package, mutant_tree, tree_root
@@ -154,8 +155,9 @@ def _reach(source: TargetSource, root: Path, functions: list[Function], options:
               "max_cases": 10**9, "synthetic": options.synthetic, "device": options.device}
     config_path, out = work / "reach.json", work / "reached.json"
     config_path.write_text(json.dumps(config))
-    subprocess.run([sys.executable, "-m", "fuzz.mutate.reach", str(config_path), str(out)], env=_python_env(source), stdin=subprocess.DEVNULL,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=config["seconds"] + START_MARGIN_S, check=False)
+    process = subprocess.Popen([sys.executable, "-m", "fuzz.mutate.reach", str(config_path), str(out)], env=_python_env(source),
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    _wait(process, config["seconds"] + START_MARGIN_S)
     if not out.exists():
         raise RuntimeError("tracing the unmutated tree failed before any case ran")
     data = json.loads(out.read_text())
@@ -172,10 +174,7 @@ def _one(source: TargetSource, tree: Path | None, corpus_dir: Path, options: Mut
          name: str, known: Sequence[str] = ()) -> dict[str, Any]:
     """Run fuzz.mutate.one to the end (the baseline)."""
     process, out = _start_one(source, tree, corpus_dir, options, budget=budget, stop_at_new=stop_at_new, work=work, name=name, known=known)
-    try:
-        process.wait(timeout=budget + START_MARGIN_S)
-    except subprocess.TimeoutExpired:
-        _kill(process)
+    if not _wait(process, budget + START_MARGIN_S):
         return {"status": "stillborn", "detail": f"no result within {budget + START_MARGIN_S:g} s"}
     return json.loads(out.read_text()) if out.exists() else {"status": "stillborn", "detail": f"exited with status {process.returncode}"}
 
@@ -195,6 +194,23 @@ def _start_one(source: TargetSource, tree: Path | None, corpus_dir: Path, option
     return process, out
 
 
+def _wait(process: subprocess.Popen[bytes], seconds: float) -> bool:
+    """Wait for a process to end, at most `seconds` and no longer than a stop request; False (and the
+    process killed) when it did not end in time."""
+    deadline = time.monotonic() + seconds
+    try:
+        while process.poll() is None:
+            stop.check()
+            if time.monotonic() > deadline:
+                _kill(process)
+                return False
+            time.sleep(0.1)
+    except stop.Stopped:
+        _kill(process)
+        raise
+    return True
+
+
 def _kill(process: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(process.pid, signal.SIGKILL)
@@ -209,7 +225,18 @@ def _run_mutants(source: TargetSource, root: Path, pending: list[Mutant], baseli
     running: dict[str, tuple[Mutant, subprocess.Popen[bytes], Path, float, Path]] = {}
     found: list[tuple[Mutant, dict[str, Any], float]] = []
     queue = list(pending)
+    try:
+        return _drive(source, root, queue, running, found, baseline_corpus, options, work, session, progress)
+    finally:
+        for _, process, *_ in running.values():  # only left when a stop request cut the run short
+            _kill(process)
+
+
+def _drive(source: TargetSource, root: Path, queue: list[Mutant], running: dict[str, Any], found: list[tuple[Mutant, dict[str, Any], float]],
+           baseline_corpus: Path, options: MutateOptions, work: Path, session: Session,
+           progress: Callable[[str], None]) -> list[tuple[Mutant, dict[str, Any], float]]:
     while queue or running:
+        stop.check()
         while queue and len(running) < options.jobs:
             mutant = queue.pop(0)
             folder = work / mutant.id
