@@ -66,9 +66,12 @@ SEVERITY = {kind: "warning" if kind in ("refused-valid", "assert-on-invalid") el
 _NUMBERS = re.compile(r"\d+")
 
 
-def normalize(message: str) -> str:
-    """The message with numbers and object addresses stripped, so one bug has one signature."""
+def normalize(message: str, backends: Iterable[str] = ()) -> str:
+    """The message with numbers, object addresses and the variant's backend names stripped, so one bug
+    has one signature (a refusal that names the backend it refuses is one refusal on every backend)."""
     text = re.sub(r"0x[0-9a-fA-F]+", "#", message)
+    for name in sorted(set(backends) - {"", "-"}, key=len, reverse=True):
+        text = re.sub(rf"\b{re.escape(name)}\b", "<backend>", text)
     return _NUMBERS.sub("#", text).strip()
 
 
@@ -90,7 +93,7 @@ class Finding:
     @property
     def signature(self) -> str:
         """kind | function | message without numbers (the error type leads an exception's message)."""
-        return " | ".join((self.kind, self.function, normalize(self.message)))
+        return " | ".join((self.kind, self.function, normalize(self.message, (self.backend or "").split("+"))))
 
     @property
     def variant(self) -> tuple[str, str, str]:
