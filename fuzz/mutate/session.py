@@ -9,7 +9,7 @@
 4. confirmation: every such finding's case is replayed on the unmutated tree; one that fails
    there the same way was a baseline miss, not a kill.
 Outcomes: killed, survived, unreached, stillborn (the tree does not import), equivalent (listed
-in corpus/mutants/equivalent.json with the reason no case can show it). Each result is appended
+in fuzz/mutate/equivalent.json with the reason no case can show it). Each result is appended
 to the session file as it comes, so a rerun with the same file resumes where it stopped.
 """
 
@@ -35,7 +35,7 @@ from fuzz.mutate.operators import Mutant, mutants_of
 from fuzz.mutate.tree import copy_package, mutant_tree, tree_root
 from fuzz.targets.releases import TargetSource, worker_environment
 
-EQUIVALENT_FILE = SOURCE_ROOT / "corpus" / "mutants" / "equivalent.json"
+EQUIVALENT_FILE = Path(__file__).with_name("equivalent.json")
 START_MARGIN_S = 180.0  # a mutant process may take this long beyond its budget (vLLM import, shrinking) before it is killed
 STATUSES = ("killed", "survived", "unreached", "stillborn", "equivalent")
 
