@@ -34,6 +34,15 @@ def test_a_refusal_naming_its_backend_is_one_bug_on_every_backend():
     on_a = observed(case, "refused-valid", "map", "ValueError: A needs 64-token kernel blocks; A_MLA is fine", "g0.l0")
     on_beta = observed(case, "refused-valid", "map", "ValueError: synthetic:beta needs 32-token kernel blocks; A_MLA is fine", "g1.l0")
     assert on_a.signature == on_beta.signature == "refused-valid | map | ValueError: <backend> needs #-token kernel blocks; A_MLA is fine"
+    registered = observed(case, "refused-valid", "map", "ValueError: SYNTHETIC_BETA needs 8-token kernel blocks; A_MLA is fine", "g1.l0")
+    assert registered.signature == on_a.signature, "a synthetic backend goes by its registered name in vLLM's messages"
+
+
+def test_an_assertion_naming_the_layout_is_one_bug_on_every_layout():
+    texts = {layout: f"AssertionError: padding needs L, B outside the tail; got {layout} (LBNHC works)" for layout in ("BHLNC", "LHBNC")}
+    found = [observed(two_groups(layout), "assert-on-invalid", "strides", text, "g0.l0") for layout, text in texts.items()]
+    expected = "assert-on-invalid | strides | AssertionError: padding needs L, B outside the tail; got <layout> (LBNHC works)"
+    assert {f.signature for f in found} == {expected}
 
 
 def test_a_finding_on_no_particular_layer_names_every_group():

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fuzz.case import Case
+from fuzz.case import Case, names_in_messages
 
 KINDS = (
     "crash-signal",
@@ -66,12 +66,16 @@ SEVERITY = {kind: "warning" if kind in ("refused-valid", "assert-on-invalid") el
 _NUMBERS = re.compile(r"\d+")
 
 
-def normalize(message: str, backends: Iterable[str] = ()) -> str:
-    """The message with numbers, object addresses and the variant's backend names stripped, so one bug
-    has one signature (a refusal that names the backend it refuses is one refusal on every backend)."""
+def normalize(message: str, backends: Iterable[str] = (), layout: str | None = None) -> str:
+    """The message with numbers, object addresses and the variant's backend and layout names stripped,
+    so one bug has one signature (a refusal that names the backend or layout it refuses is one
+    refusal on every backend and layout)."""
     text = re.sub(r"0x[0-9a-fA-F]+", "#", message)
-    for name in sorted(set(backends) - {"", "-"}, key=len, reverse=True):
-        text = re.sub(rf"\b{re.escape(name)}\b", "<backend>", text)
+    names = {name: "<backend>" for backend in set(backends) - {"", "-"} for name in names_in_messages(backend)}
+    if layout:
+        names[layout] = "<layout>"
+    for name in sorted(names, key=len, reverse=True):
+        text = re.sub(rf"(?<![\w:]){re.escape(name)}(?![\w:])", names[name], text)
     return _NUMBERS.sub("#", text).strip()
 
 
@@ -93,7 +97,7 @@ class Finding:
     @property
     def signature(self) -> str:
         """kind | function | message without numbers (the error type leads an exception's message)."""
-        return " | ".join((self.kind, self.function, normalize(self.message, (self.backend or "").split("+"))))
+        return " | ".join((self.kind, self.function, normalize(self.message, (self.backend or "").split("+"), self.layout)))
 
     @property
     def variant(self) -> tuple[str, str, str]:
