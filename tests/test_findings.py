@@ -33,7 +33,7 @@ def test_a_refusal_naming_its_backend_is_one_bug_on_every_backend():
     case = two_groups()
     on_a = observed(case, "refused-valid", "map", "ValueError: A needs 64-token kernel blocks; A_MLA is fine", "g0.l0")
     on_beta = observed(case, "refused-valid", "map", "ValueError: synthetic:beta needs 32-token kernel blocks; A_MLA is fine", "g1.l0")
-    assert on_a.signature == on_beta.signature == "refused-valid | map | ValueError: <backend> needs #-token kernel blocks; A_MLA is fine"
+    assert on_a.signature == on_beta.signature == "refused-valid | map | ValueError: <name> needs #-token kernel blocks; <name> is fine"
     registered = observed(case, "refused-valid", "map", "ValueError: SYNTHETIC_BETA needs 8-token kernel blocks; A_MLA is fine", "g1.l0")
     assert registered.signature == on_a.signature, "a synthetic backend goes by its registered name in vLLM's messages"
 

@@ -64,18 +64,21 @@ SEVERITIES = ("warning", "error")
 SEVERITY = {kind: "warning" if kind in ("refused-valid", "assert-on-invalid") else "error" for kind in KINDS}
 
 _NUMBERS = re.compile(r"\d+")
+_CONSTANT = re.compile(r"(?<![\w:<])[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+(?![\w:>])")
 
 
 def normalize(message: str, backends: Iterable[str] = (), layout: str | None = None) -> str:
-    """The message with numbers, object addresses and the variant's backend and layout names stripped,
-    so one bug has one signature (a refusal that names the backend or layout it refuses is one
-    refusal on every backend and layout)."""
+    """The message as a template: numbers, object addresses, constant names (backends, environment
+    variables, enum members: `FLASH_ATTN`, `VLLM_KV_CACHE_LAYOUT`), the variant's own backend and
+    layout stripped, so one bug has one signature (a refusal that names the backend or layout it
+    refuses is one refusal on every backend and layout)."""
     text = re.sub(r"0x[0-9a-fA-F]+", "#", message)
-    names = {name: "<backend>" for backend in set(backends) - {"", "-"} for name in names_in_messages(backend)}
+    names = {name: "<name>" for backend in set(backends) - {"", "-"} for name in names_in_messages(backend)}
     if layout:
         names[layout] = "<layout>"
     for name in sorted(names, key=len, reverse=True):
         text = re.sub(rf"(?<![\w:]){re.escape(name)}(?![\w:])", names[name], text)
+    text = _CONSTANT.sub("<name>", text)
     return _NUMBERS.sub("#", text).strip()
 
 
