@@ -143,3 +143,16 @@ def test_each_listed_equivalent_mutant_is_a_mutant_of_its_release():
         root = installed_vllm()
         made = {m.id: m for m in mutants_of((root / path).read_text(), path, qualname)}
         assert mutant_id in made and made[mutant_id].edit == entry["edit"] and entry["reason"], (mutant_id, entry)
+
+
+def test_every_process_of_a_session_imports_the_release_under_test_or_its_mutant(tmp_path):
+    """The reach pass and the baseline import the release itself; a mutant's process its copy, never both."""
+    from fuzz.mutate.session import _python_env
+    from fuzz.targets.releases import TargetSource
+
+    release = TargetSource("0.23.0", "release", "0.23.0", tmp_path / "0.23.0")
+    paths = _python_env(release)["PYTHONPATH"].split(":")
+    assert paths[0] == str(tmp_path / "0.23.0")
+    mutant = _python_env(release, tmp_path / "mutant")["PYTHONPATH"].split(":")
+    assert mutant[0] == str(tmp_path / "mutant") and str(tmp_path / "0.23.0") not in mutant
+    assert str(tmp_path) not in _python_env(TargetSource("installed", "installed", None, None))["PYTHONPATH"]
