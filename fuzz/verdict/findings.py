@@ -27,6 +27,7 @@ KINDS = (
     "share",
     "order",
     "probe-mismatch",
+    "runner-mismatch",
 )
 
 # What each kind means, in one line (SARIF rules, reports).
@@ -50,6 +51,7 @@ DESCRIPTIONS = {
     "share": "A KV-sharing layer does not alias its target layer's cache.",
     "order": "Elements inside a block are not in the declared order.",
     "probe-mismatch": "Bytes written through vLLM's views land where the oracle says they must not.",
+    "runner-mismatch": "vLLM's two model runners (V2 and V1) lay the same case out differently, or one refuses what the other builds.",
 }
 
 PROCESS_KINDS = ("crash-signal", "hang", "oom")  # the target process died, hung or ran out of memory
