@@ -13,8 +13,8 @@ import oracles
 from fuzz.case import Case
 from fuzz.targets.base import Execution, Outcome, Target
 from fuzz.verdict import probe
-from fuzz.verdict.compare import PROCESS_FAILURES, Verdict, compare, spec_kind_of
-from fuzz.verdict.findings import Finding
+from fuzz.verdict.compare import PROCESS_FAILURES, Verdict, compare
+from fuzz.verdict.findings import observed
 from fuzz.verdict.runners import compare_runners
 from fuzz.verdict.specs import check_specs
 from oracles.expectation import Expectation
@@ -39,7 +39,7 @@ def judge(execution: Execution, target_contract: oracles.Contract) -> CaseResult
         return CaseResult(case, Verdict("case-error", reason=execution.case_error))
     if execution.declaration is not None:
         function, message, layer = execution.declaration
-        finding = Finding("declaration", spec_kind_of(case, layer), function, message, layer, case.is_latent)
+        finding = observed(case, "declaration", function, message, layer)
         return CaseResult(case, Verdict("finding", finding))
     assert execution.outcome is not None
     primary = _judge_outcome(case, execution.outcome, target_contract)
@@ -59,8 +59,7 @@ def _judge_outcome(case: Case, outcome: Outcome, target_contract: oracles.Contra
     if failure is not None:
         # The process died, hung or ran out of memory: the case may never have been declared, and
         # no expectation is needed to say so.
-        finding = Finding(failure, spec_kind_of(case, outcome.error_layer), outcome.error_function or "?", outcome.error_message or "",
-                          outcome.error_layer, case.is_latent)
+        finding = observed(case, failure, outcome.error_function or "?", outcome.error_message or "", outcome.error_layer)
         return CaseResult(case, Verdict("finding", finding), None, outcome)
     expectation = oracles.expect(case, target_contract, outcome.runner)
     mismatch = check_specs(case, outcome)
@@ -69,8 +68,7 @@ def _judge_outcome(case: Case, outcome: Outcome, target_contract: oracles.Contra
         difference = probe.check(expectation, outcome)
         if difference is not None:
             layer = difference.split(":")[0]
-            verdict = Verdict("finding", Finding("probe-mismatch", spec_kind_of(case, layer), "physical-probe", difference,
-                                                 layer, case.is_latent))
+            verdict = Verdict("finding", observed(case, "probe-mismatch", "physical-probe", difference, layer))
     return CaseResult(case, verdict, expectation, outcome)
 
 

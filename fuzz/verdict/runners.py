@@ -20,8 +20,8 @@ import numpy as np
 
 from fuzz.case import Case, parse_shape_entry
 from fuzz.targets.base import Outcome, ViewRecord
-from fuzz.verdict.compare import Verdict, spec_kind_of
-from fuzz.verdict.findings import Finding
+from fuzz.verdict.compare import Verdict
+from fuzz.verdict.findings import observed
 from oracles.expectation import Expectation, ViewExpectation
 
 FUNCTION = "GPUModelRunner.initialize_kv_cache_tensors"
@@ -59,7 +59,7 @@ def compare_runners(case: Case, v2: Judged, v1: Judged) -> Verdict | None:
 
 
 def _found(case: Case, function: str, message: str, layer: str | None) -> Verdict:
-    return Verdict("finding", Finding("runner-mismatch", spec_kind_of(case, layer), function, message, layer, case.is_latent))
+    return Verdict("finding", observed(case, "runner-mismatch", function, message, layer))
 
 
 def _difference(view2: ViewRecord, meaning2: ViewExpectation, outcome2: Outcome, view1: ViewRecord, meaning1: ViewExpectation,

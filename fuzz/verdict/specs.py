@@ -19,7 +19,7 @@ from typing import Any
 
 from fuzz.case import Case, SpecCase
 from fuzz.targets.base import Outcome
-from fuzz.verdict.findings import Finding
+from fuzz.verdict.findings import Finding, observed
 from oracles import pages
 
 # Case spec kind -> the vLLM spec class a layer must build for it (or a subclass).
@@ -42,19 +42,17 @@ def check_specs(case: Case, outcome: Outcome) -> Finding | None:
         if mode is not None and mode != spec.kv_quant_mode:
             # The mode comes from the dtype alone (vLLM's lookup) for specs kvfuzz builds: one signature whatever the class.
             function = f"{built_by}.get_kv_cache_spec" if built_by else "get_kv_quant_mode"
-            kind = spec.kind if built_by else "attention"
-            return Finding("spec-mismatch", kind, function, f"{dtype}: kv_quant_mode {mode} instead of {spec.kv_quant_mode}", layer,
-                           case.is_latent)
+            return observed(case, "spec-mismatch", function, f"{dtype}: kv_quant_mode {mode} instead of {spec.kv_quant_mode}", layer)
         if built_by is not None:
             wrong = _built_field(spec, facts)
             if wrong is not None:
-                return Finding("spec-mismatch", spec.kind, f"{built_by}.get_kv_cache_spec", f"{dtype}: {wrong}", layer, case.is_latent)
+                return observed(case, "spec-mismatch", f"{built_by}.get_kv_cache_spec", f"{dtype}: {wrong}", layer)
         page = facts.get("page_bytes")
         defined = pages.defined_unpadded_bytes(spec)
         if page is not None and defined is not None and page != defined:
             function = f"{built_by}.get_kv_cache_spec" if built_by else "kv_cache_spec"
-            return Finding("spec-mismatch", spec.kind, function, f"{dtype}: a page of {page} bytes before padding instead of {defined}",
-                           layer, case.is_latent)
+            message = f"{dtype}: a page of {page} bytes before padding instead of {defined}"
+            return observed(case, "spec-mismatch", function, message, layer)
     return None
 
 
