@@ -40,9 +40,13 @@ def check_specs(case: Case, outcome: Outcome) -> Finding | None:
         dtype = "a registered cache dtype" if spec.registered_cache_dtype else f"cache dtype {spec.cache_dtype}"
         mode = facts.get("kv_quant_mode")
         if mode is not None and mode != spec.kv_quant_mode:
-            # The mode comes from the dtype alone (vLLM's lookup) for specs kvfuzz builds: one signature whatever the class.
-            function = f"{built_by}.get_kv_cache_spec" if built_by else "get_kv_quant_mode"
-            return observed(case, "spec-mismatch", function, f"{dtype}: kv_quant_mode {mode} instead of {spec.kv_quant_mode}", layer)
+            if built_by is None:
+                # The mode comes from the dtype alone (vLLM's lookup) for specs kvfuzz builds: one signature whatever the class.
+                return observed(case, "spec-mismatch", "get_kv_quant_mode", f"{dtype}: kv_quant_mode {mode} instead of {spec.kv_quant_mode}",
+                                layer)
+            # A layer that sets no mode sets none for every dtype of a family: one signature for them (the dtype is in the case).
+            message = f"kv_quant_mode {mode} instead of {spec.kv_quant_mode}"
+            return observed(case, "spec-mismatch", f"{built_by}.get_kv_cache_spec", message, layer)
         if built_by is not None:
             wrong = _built_field(spec, facts)
             if wrong is not None:
