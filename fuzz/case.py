@@ -55,6 +55,19 @@ LAYOUTS = KV_CACHE_LAYOUTS + LEGACY_LAYOUTS
 LAYOUT_EQUIVALENTS = {"NHD": "LBNHC", "HND": "LBHNC"}
 SYNTHETIC_PREFIX = "synthetic:"  # a synthetic backend's name in reports and variants
 
+# Which model runner builds the views: the V2 runner (vllm/v1/worker/gpu/), the V1 GPUModelRunner
+# (vllm/v1/worker/gpu_model_runner.py, which CPUModelRunner subclasses), or both, judged against each
+# other as well as against the oracle. Simplest first.
+RUNNERS = ("v2", "v1", "both")
+# Where each group's KV-cache spec comes from: built by kvfuzz from the case's fields, or by vLLM
+# from layers (Attention, MLA, ...) carrying the case's model parameters in a VllmConfig.
+SPEC_SOURCES = ("case", "vllm")
+# How the planner packs layers into shared per-block slabs before 0.29 (from 0.29 the layout's
+# letters say it): not at all, the cross-layer-blocks connector setting, or DeepSeek V4's
+# UniformTypeKVCacheSpecs groups.
+PACKINGS = ("none", "cross_layers", "uniform_type")
+CASE_OPTION_DEFAULTS = {"runner": RUNNERS[0], "spec_source": SPEC_SOURCES[0], "packing": PACKINGS[0]}
+
 
 def layout_as(layout: str, offered: tuple[str, ...]) -> str | None:
     """The name a release that offers `offered` layouts gives `layout`; None if it has none."""
@@ -202,6 +215,9 @@ class Case:
     layout: str = "LBNHC"
     kv_sharing: tuple[tuple[str, str], ...] = ()
     device: str | None = None
+    runner: str = "v2"
+    spec_source: str = "case"
+    packing: str = "none"
     schema: int = SCHEMA_VERSION
 
     @property
@@ -225,7 +241,8 @@ class Case:
     def describe(self) -> str:
         kinds = "+".join(g.spec.kind for g in self.groups)
         backends = "+".join(g.backend_name for g in self.groups)
-        return f"{kinds}/{backends}/{self.layout}"
+        extras = [value for value, default in ((self.runner, "v2"), (self.spec_source, "case"), (self.packing, "none")) if value != default]
+        return f"{kinds}/{backends}/{self.layout}" + "".join(f"/{extra}" for extra in extras)
 
 
 # ---------------------------------------------------------------- JSON codec
@@ -241,6 +258,11 @@ def to_dict(case: Case) -> dict[str, Any]:
 
     data = clean(case)
     data["kv_sharing"] = dict(case.kv_sharing)
+    # Fields added after schema 1 are written only when set, so a case that does not use them keeps its
+    # JSON (and its content hash) as older kvfuzz wrote it.
+    for name, default in CASE_OPTION_DEFAULTS.items():
+        if data[name] == default:
+            del data[name]
     return data
 
 
@@ -265,6 +287,7 @@ def from_dict(data: Any) -> Case:
         layout=data.get("layout", "LBNHC"),
         kv_sharing=tuple(sorted(sharing.items())),
         device=data.get("device"),
+        **{name: data.get(name, default) for name, default in CASE_OPTION_DEFAULTS.items()},
     )
     validate(case)
     return case
@@ -299,6 +322,9 @@ def load(path: str | Path) -> Case:
 def validate(case: Case) -> None:
     """Consistency rules every case obeys, whatever the target."""
     _expect(case.layout in LAYOUTS, "layout", f"{case.layout!r} is not one of {', '.join(LAYOUTS)}")
+    for name, options in (("runner", RUNNERS), ("spec_source", SPEC_SOURCES), ("packing", PACKINGS)):
+        value = getattr(case, name)
+        _expect(value in options, name, f"{value!r} is not one of {', '.join(options)}")
     _expect(case.device in (None, "cpu", "cuda") or str(case.device).startswith("cuda:"), "device", f"{case.device!r} is not cpu or cuda")
     seen: set[str] = set()
     for i, group in enumerate(case.groups):

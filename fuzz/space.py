@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import NoReturn, Protocol, TypeVar
 
 import oracles
-from fuzz.case import DTYPE_SIZES, MLA_KINDS, WINDOWED_KINDS, Case, GroupCase, SpecCase, SyntheticBackend
+from fuzz.case import DTYPE_SIZES, MLA_KINDS, PACKINGS, RUNNERS, WINDOWED_KINDS, Case, GroupCase, SpecCase, SyntheticBackend, replace
 from fuzz.targets.base import BackendInfo, TargetInfo
 from oracles import dtypes, pages
 
@@ -38,6 +38,8 @@ MAX_BLOCK_SIZE = 1024
 MAX_HEAD_SIZE = 1024
 MAX_HEADS = 8
 MAMBA_DTYPES = ("float32", "bfloat16", "float16")
+# The dtypes a model (vLLM's ModelConfig) runs in.
+MODEL_DTYPES = ("bfloat16", "float16", "float32")
 ALL_DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2", "uint8", "int8")
 # Declared cache shapes of synthetic backends on backend-shaped releases, with the stride
 # orders such a backend may declare; each covers heads x (K + V) or one MLA latent per slot.
@@ -256,7 +258,47 @@ def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_grou
     case = Case(groups=case.groups, num_blocks=edge_int(source, 1, most), layout=layout, kv_sharing=sharing)
     if not source.chance(KEEP_REJECTED) and not oracles.expect(case, info.contract).accepted:
         source.reject()
-    return case
+    # Drawn last, so the rest of a case depends on (seed, index) as it did before these options existed.
+    return _with_options(source, info, case)
+
+
+def _with_options(source: Source, info: TargetInfo, case: Case) -> Case:
+    """The case with the model runner(s) that build its views, how the planner packs it, and whether vLLM builds its specs
+    from layers, each drawn where the target has it (simplest option first)."""
+    runner = source.choice(RUNNERS if "v1" in info.runners else RUNNERS[:1])
+    packing = "none"
+    if len(info.packings) > 1 and len(case.groups) > 1 and source.chance(30):
+        # DeepSeek V4's UniformTypeKVCacheSpecs groups hold attention layers only.
+        offered = [p for p in PACKINGS[1:] if p in info.packings and (p != "uniform_type" or all(g.spec.is_attention for g in case.groups))]
+        packing = source.choice(offered) if offered else "none"
+    spec_source = "case"
+    if info.layer_kinds and layer_reason(replace(case, spec_source="vllm"), info) is None and source.chance(50):
+        spec_source = "vllm"
+    options = replace(case, runner=runner, packing=packing, spec_source=spec_source)
+    if packing != "none" and not source.chance(KEEP_REJECTED) and not oracles.expect(options, info.contract).accepted:
+        source.reject()
+    return options
+
+
+def layer_reason(case: Case, info: TargetInfo) -> str | None:
+    """Why vLLM cannot build this case's specs from layers here (None: it can): the layers kvfuzz builds are Attention
+    (full, sliding window) and MLAAttention on real backends whose layers build here, with what a layer carries
+    (head sizes, heads, window, cache dtype, model dtype); padding, alignment, compression and published fields come
+    from elsewhere in vLLM (page unification, DeepSeek V4's layers, backend hooks) and are not built from layers."""
+    for group in case.groups:
+        spec = group.spec
+        if spec.kind not in info.layer_kinds:
+            return f"field spec_source: kvfuzz builds no {spec.kind} layer for vLLM {info.vllm_version}"
+        if group.backend is None or group.backend not in info.layer_backends:
+            return f"field spec_source: no {group.backend_name} layer builds here"
+        if spec.cache_dtype == "auto" and spec.dtype not in MODEL_DTYPES:
+            return f"field spec_source: {spec.dtype} is no model dtype"
+        if spec.head_size_v is not None and "head_size_v" not in info.layer_fields:
+            return "field spec_source: this vLLM's Attention takes no head_size_v"
+        if spec.registered_cache_dtype or spec.page_size_padded is not None or spec.alignment is not None or spec.compress_ratio != 1 \
+                or spec.model_version is not None or spec.rope_dim is not None or spec.topk_buffer_width is not None or spec.is_draft:
+            return "field spec_source: the layer kvfuzz builds states no padding, alignment, compression or model-specific fields"
+    return None
 
 
 def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, layer_count: int, synthetic: bool, shaped: bool,
@@ -338,7 +380,7 @@ def _attention_spec(source: Source, info: TargetInfo, kind: str, backend: Backen
             fields["state_content_bytes"] = source.choice(records)
         elif kind == "mla" and ratio > 1 and info.can(kind, "model_version"):
             fields["model_version"] = "deepseek_v4"
-        if info.can(kind, "alignment") and source.chance(40):
+        if info.can(kind, "alignment") and source.chance(50):
             fields["alignment"] = 16 * edge_int(source, 1, 256)  # bytes, at the granularity of device memory alignment
         if info.can(kind, "topk_buffer_width") and source.chance(10):
             fields["topk_buffer_width"] = edge_int(source, 1, 1 << 14)
@@ -476,6 +518,12 @@ def unrealistic(case: Case, info: TargetInfo) -> str | None:
     realistic cases; the minimizer keeps only realistic candidates; tests hold both to it."""
     shaped = not info.contract.layout_placed
     attention = [g for g in case.groups if g.spec.kind != "mamba"]
+    if case.runner not in RUNNERS[:1] and "v1" not in info.runners:
+        return "this vLLM has no V1 model runner"
+    if case.packing not in info.packings or (case.packing == "uniform_type" and len(attention) < len(case.groups)):
+        return f"this vLLM packs no {case.packing} slabs of these groups"
+    if case.spec_source == "vllm" and (why := layer_reason(case, info)) is not None:
+        return why
     for group in attention:
         spec = group.spec
         backend = info.backend(group.backend) if group.backend else None
@@ -523,4 +571,4 @@ def buffer_bytes(case: Case) -> int:
 
 
 __all__ = ["DTYPE_SIZES", "RandomSource", "Rejected", "Source", "accepts", "buffer_bytes", "case_seed", "choose_kernel_block_size", "draw_case",
-           "draw_indexed", "unrealistic"]
+           "draw_indexed", "layer_reason", "unrealistic"]

@@ -12,7 +12,9 @@ See oracles/contract.py for the contract. In short, per layer:
 - a padded page sets the block pitch to the page size, which needs the block axis outermost;
 - on a buffer shared with Mamba, the block axis is hoisted outermost so block b stays in page b;
 - Mamba layers get one view per state tensor packed inside the page, or one int8 view of whole
-  pages, as the contract says.
+  pages, as the contract says;
+- a case the planner packs (0.24+, oracles/packing.py) puts every layer on one backing buffer: block b
+  of a layer is its page at the layer's offset in block b's slab.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 
 from fuzz.case import DTYPE_SIZES, Case, GroupCase, evaluate_shape, parse_shape_entry
 from oracles import contract as rules
-from oracles import declarations, pages
+from oracles import declarations, packing, pages
 from oracles.contract import Contract
 from oracles.expectation import Expectation, LayerExpectation, PageRule, ViewExpectation, broken, dense_strides, rejected, with_sharers
 
@@ -36,11 +38,22 @@ class Broken:
     message: str
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a layer's blocks sit: its raw buffer, the first byte of block 0, and (packed) the pitch of its blocks."""
+
+    buffer: int
+    offset: int = 0
+    slab: packing.Slab | None = None
+    with_mamba: bool = False  # the buffer holds Mamba state too
+
+
 def expect(case: Case, contract: Contract) -> Expectation:
     page_sizes = {pages.page(g.spec).page_bytes for g in case.groups}
-    if len(case.groups) > 1 and len(page_sizes) > 1:
+    slab = packing.slab(case, contract)
+    if slab is None and len(case.groups) > 1 and len(page_sizes) > 1:
         return rejected(contract.name, "KV-cache groups that share buffers need one page size")
-    pools = _pools(case)
+    pools = _pools(case, slab)
     mamba_pools = {pool for pool, members in enumerate(pools) if any(case.groups[case.group_of(m)].spec.kind == "mamba" for m in members)}
     buffer_of = {name: pool for pool, members in enumerate(pools) for name in members}
     layers: dict[str, LayerExpectation] = {}
@@ -49,51 +62,59 @@ def expect(case: Case, contract: Contract) -> Expectation:
         kernel_sizes[index] = group.kernel_block_size or group.spec.block_size
         for name in group.layers:
             pool = buffer_of[name]
-            built = _layer(name, index, group, case.num_blocks, pool, pool in mamba_pools, contract)
+            # A slab that is this layer's page alone (each group one layer, all at byte 0) lays out as an unpacked pool.
+            packed = slab if slab is not None and not slab.dense(pages.page(group.spec).page_bytes) else None
+            where = Placement(pool, slab.offsets[name] if slab else 0, packed, pool in mamba_pools)
+            built = _layer(name, index, group, case.num_blocks, where, contract)
             if isinstance(built, Broken):
                 return broken(contract.name, built.function, built.message, name)
             if isinstance(built, str):
                 return rejected(contract.name, built, name)
             layers[name] = built
     layers = with_sharers(layers, case.kv_sharing)
-    page_bytes = max(page_sizes)
+    pitch = slab.block_stride if slab else max(page_sizes)
     return Expectation(
         contract=contract.name,
-        buffers=tuple(case.num_blocks * page_bytes for _ in pools),
+        buffers=tuple(case.num_blocks * pitch for _ in pools),
         layers=layers,
         kv_sharing=dict(case.kv_sharing),
         kernel_block_sizes=kernel_sizes,
     )
 
 
-def buffer_bytes(case: Case) -> int:
+def buffer_bytes(case: Case, contract: Contract) -> int:
     """Bytes of all the raw buffers the contract gives this case."""
-    return len(_pools(case)) * case.num_blocks * max(pages.page(g.spec).page_bytes for g in case.groups)
+    slab = packing.slab(case, contract)
+    if slab is not None:
+        return case.num_blocks * slab.block_stride
+    return len(_pools(case, None)) * case.num_blocks * max(pages.page(g.spec).page_bytes for g in case.groups)
 
 
-def _pools(case: Case) -> list[list[str]]:
+def _pools(case: Case, slab: packing.Slab | None) -> list[list[str]]:
+    if slab is not None:
+        return [case.layer_names]
     return rules.shaped_pools([g.layers for g in case.groups])
 
 
-def _layer(name: str, index: int, group: GroupCase, num_blocks: int, pool: int, with_mamba: bool,
-           contract: Contract) -> LayerExpectation | Broken | str:
+def _layer(name: str, index: int, group: GroupCase, num_blocks: int, where: Placement, contract: Contract) -> LayerExpectation | Broken | str:
     page = pages.page(group.spec)
     if page.padded and not contract.padded_pages:
         return "this contract has no padded pages"
     if group.spec.kind == "mamba":
         if contract.mamba_views == "none":
             return "this contract has no Mamba layers"
-        return _mamba_layer(name, index, group, num_blocks, pool, page, contract)
-    return _attention_layer(name, index, group, num_blocks, pool, page, with_mamba, contract)
+        return _mamba_layer(name, index, group, num_blocks, where, page, contract)
+    return _attention_layer(name, index, group, num_blocks, where, page, contract)
 
 
-def _attention_layer(name: str, index: int, group: GroupCase, num_blocks: int, pool: int, page: pages.Page,
-                     with_mamba: bool, contract: Contract) -> LayerExpectation | Broken | str:
+def _attention_layer(name: str, index: int, group: GroupCase, num_blocks: int, where: Placement, page: pages.Page,
+                     contract: Contract) -> LayerExpectation | Broken | str:
     spec = group.spec
     pattern = group.declared_shape or (group.synthetic_backend.shape if group.synthetic_backend else None)
+    pitch = where.slab.block_stride if where.slab else page.page_bytes
     if pattern is None:
         # Asking the backend failed, so the error is all there is to judge: only the rules that need no shape apply.
-        rule = PageRule(origin=0, block_pitch=page.page_bytes, span_starts=(0,), span_len=page.page_bytes, pad_start=page.unpadded_bytes)
+        rule = PageRule(origin=where.offset, block_pitch=pitch, span_starts=(0,), span_len=page.page_bytes, pad_start=page.unpadded_bytes)
         return LayerExpectation(name=name, group=index, views=(), pages=rule)
     order = group.declared_stride_order or (group.synthetic_backend.stride_order if group.synthetic_backend else None)
     order = tuple(order) if order is not None else tuple(range(len(pattern)))
@@ -121,43 +142,50 @@ def _attention_layer(name: str, index: int, group: GroupCase, num_blocks: int, p
     assert shape is not None
 
     physical = order
-    if rules.mamba_pool_hoists_blocks(with_mamba):
+    if where.slab is not None or rules.mamba_pool_hoists_blocks(where.with_mamba):
         physical = (block_axis,) + tuple(a for a in order if a != block_axis)
     strides = dense_strides(shape, physical, esz)
-    if page.padded:
+    if where.slab is not None:
+        unfit = rules.packed_page(ratio > 1)
+        if unfit is not None:
+            return unfit
+        strides[block_axis] = where.slab.block_stride
+    elif page.padded:
         if not rules.shaped_padding_fits(physical[0] == block_axis):
             return "padded pages need the block axis outermost"
         strides[block_axis] = page.page_bytes
-    view = ViewExpectation(shape=shape, byte_strides=tuple(strides), byte_offset=0, buffer=pool, dtype=spec.dtype,
+    view = ViewExpectation(shape=shape, byte_strides=tuple(strides), byte_offset=where.offset, buffer=where.buffer, dtype=spec.dtype,
                            element_size=esz, block_axis=block_axis, kernel_ratio=ratio, kernel_stride=ratio)
     outer = physical[: physical.index(block_axis)]
     starts = sorted(sum(i * strides[a] for a, i in zip(outer, combo, strict=True))
                     for combo in itertools.product(*(range(shape[a]) for a in outer)))
     pitch = ratio * strides[block_axis]
-    length = page.page_bytes if page.padded else pitch
-    rule = PageRule(origin=0, block_pitch=pitch, span_starts=tuple(starts), span_len=length,
-                    pad_start=page.unpadded_bytes if page.padded else length)
+    padded = page.padded or where.slab is not None
+    length = page.page_bytes if padded else pitch
+    rule = PageRule(origin=where.offset, block_pitch=pitch, span_starts=tuple(starts), span_len=length,
+                    pad_start=page.unpadded_bytes if padded else length)
     return LayerExpectation(name=name, group=index, views=(view,), pages=rule)
 
 
-def _mamba_layer(name: str, index: int, group: GroupCase, num_blocks: int, pool: int, page: pages.Page,
+def _mamba_layer(name: str, index: int, group: GroupCase, num_blocks: int, where: Placement, page: pages.Page,
                  contract: Contract) -> LayerExpectation | str:
     spec = group.spec
-    rule = PageRule(origin=0, block_pitch=page.page_bytes, span_starts=(0,), span_len=page.page_bytes, pad_start=page.unpadded_bytes)
+    pitch = where.slab.block_stride if where.slab else page.page_bytes
+    rule = PageRule(origin=where.offset, block_pitch=pitch, span_starts=(0,), span_len=page.page_bytes, pad_start=page.unpadded_bytes)
     if contract.mamba_views == "page-bytes":
-        view = ViewExpectation(shape=(num_blocks, 1, 1, page.page_bytes), byte_strides=(page.page_bytes, page.page_bytes, page.page_bytes, 1),
-                               byte_offset=0, buffer=pool, dtype="int8", element_size=1, block_axis=0)
+        view = ViewExpectation(shape=(num_blocks, 1, 1, page.page_bytes), byte_strides=(pitch, page.page_bytes, page.page_bytes, 1),
+                               byte_offset=where.offset, buffer=where.buffer, dtype="int8", element_size=1, block_axis=0)
         return LayerExpectation(name=name, group=index, views=(view,), pages=rule, addresses_padding=True)
     views = []
     offset = 0
     for state_shape, dtype in zip(spec.mamba_shapes, spec.mamba_dtypes, strict=True):
         esz = DTYPE_SIZES[dtype]
-        if offset % esz or page.page_bytes % esz:
+        if (where.offset + offset) % esz or pitch % esz:
             return "a Mamba state tensor does not start on a whole number of its elements in every page"
         shape = (num_blocks, *state_shape)
         strides = dense_strides(shape, tuple(range(len(shape))), esz)
-        strides[0] = page.page_bytes
-        views.append(ViewExpectation(shape=shape, byte_strides=tuple(strides), byte_offset=offset, buffer=pool,
+        strides[0] = pitch
+        views.append(ViewExpectation(shape=shape, byte_strides=tuple(strides), byte_offset=where.offset + offset, buffer=where.buffer,
                                      dtype=dtype, element_size=esz, block_axis=0))
         offset += math.prod(state_shape) * esz
     return LayerExpectation(name=name, group=index, views=tuple(views), pages=rule)

@@ -20,9 +20,20 @@ backend's stride order.
 - shaped-0.19  0.19: the shape counts tokens per block; no padding, no Mamba, no kernel split.
 - shaped-0.20  0.20: the shape counts stored slots (block_size / compress_ratio); padded pages.
 - shaped-0.21  0.21: Mamba layers get one view per state tensor, packed inside each page.
-- shaped-0.22  0.22-0.26: views address kernel blocks (block_size / kernel_block_size per
+- shaped-0.22  0.22-0.23: views address kernel blocks (block_size / kernel_block_size per
                block); a compressed cache keeps its stored block as its kernel block.
-- shaped-0.27  0.27-0.28: a Mamba layer gets one int8 view of whole pages.
+- shaped-0.24  0.24-0.26: 0.22's, and the planner may pack layers into one per-block slab (the
+               cross-layer-blocks connector setting, DeepSeek V4's UniformTypeKVCacheSpecs groups):
+               one slot per (page size, layer index), buckets side by side (oracles/packing.py).
+- shaped-0.27  0.27-0.28: a Mamba layer gets one int8 view of whole pages; packed slabs lay each
+               group out densely from byte 0 (groups overlap: a block id belongs to one group).
+
+The V1 model runner (GPUModelRunner, which CPUModelRunner subclasses) has reshape code of its own up
+to 0.28. It addressed kernel blocks before the V2 runner did, so for 0.19 - 0.21 it follows contracts
+of its own: shaped-0.19-v1 (0.19's, split into kernel blocks) and shaped-0.20-v1 (0.20's, split);
+from 0.21 its contract is the V2 runner's of the same release (0.21's V1 is shaped-0.22 less packing,
+which 0.21 does not have). A case run by both runners is judged against each one's contract, and
+the two runners' layouts against each other (fuzz/verdict/runners.py).
 
 Layout-placed contracts (vLLM >= 0.29): every layer is a [B, H, N, C] view placed by a
 KVCacheLayout on one backing buffer; compression is tokens_per_state.
@@ -70,17 +81,24 @@ class Contract:
     # Layout-placed 0.32+: packed compressed caches get strided kernel-page views, and
     # block_stride_alignment may be given in whole kernel blocks.
     packed_kernel_map: bool = False
+    # Backend-shaped 0.24+: how the planner packs layers into per-block slabs when asked ("none",
+    # "bucketed" 0.24-0.26, "per-group" 0.27-0.28).
+    packing: str = "none"
 
 
 SHAPED_019 = Contract(name="shaped-0.19", shape_block="tokens")
 SHAPED_020 = Contract(name="shaped-0.20", padded_pages=True)
 SHAPED_021 = Contract(name="shaped-0.21", padded_pages=True, mamba_views="per-state")
 SHAPED_022 = Contract(name="shaped-0.22", padded_pages=True, mamba_views="per-state", kernel_split=True)
-SHAPED_027 = Contract(name="shaped-0.27", padded_pages=True, mamba_views="page-bytes", kernel_split=True)
+SHAPED_024 = Contract(name="shaped-0.24", padded_pages=True, mamba_views="per-state", kernel_split=True, packing="bucketed")
+SHAPED_027 = Contract(name="shaped-0.27", padded_pages=True, mamba_views="page-bytes", kernel_split=True, packing="per-group")
+SHAPED_019_V1 = Contract(name="shaped-0.19-v1", kernel_split=True)
+SHAPED_020_V1 = Contract(name="shaped-0.20-v1", padded_pages=True, kernel_split=True)
 LAYOUT_PLACED = Contract(name="placed-0.29", layout_placed=True)
 LAYOUT_PLACED_KERNEL_MAP = Contract(name="placed-0.32", layout_placed=True, packed_kernel_map=True)
 
-CONTRACTS = {c.name: c for c in (SHAPED_019, SHAPED_020, SHAPED_021, SHAPED_022, SHAPED_027, LAYOUT_PLACED, LAYOUT_PLACED_KERNEL_MAP)}
+CONTRACTS = {c.name: c for c in (SHAPED_019, SHAPED_020, SHAPED_021, SHAPED_022, SHAPED_024, SHAPED_027, SHAPED_019_V1, SHAPED_020_V1,
+                                 LAYOUT_PLACED, LAYOUT_PLACED_KERNEL_MAP)}
 
 
 # ------------------------------------------------------------------ the rules and their sources
@@ -312,3 +330,88 @@ def shaped_padding_fits(block_axis_outermost: bool) -> bool:
 def mamba_pool_hoists_blocks(shares_pool_with_mamba: bool) -> bool:
     """On a buffer shared with Mamba state, block b of every layer stays inside page b: the block axis is outermost."""
     return shares_pool_with_mamba
+
+
+# --- the V1 model runner
+
+
+@rule("vllm/v1/worker/gpu_model_runner.py GPUModelRunner._reshape_kv_cache_tensors (0.19.1+): 'kernel_block_sizes: The kernel block "
+      "sizes for each KV cache group', viewed as `num_blocks_per_kv_block = kv_cache_spec.block_size // kernel_block_size` kernel "
+      "blocks of `kernel_block_size` tokens; GPUModelRunner.initialize_kv_cache: 'if kv_cache_manager uses block_size 256 for a given "
+      "group, but the attention backends for that group only supports block_size 64, we will return kernel_block_size 64 and split "
+      "the 256-token-block to 4 blocks with 64 tokens each'")
+def v1_contract(v2: Contract) -> Contract:
+    """The V1 runner splits a manager block into kernel blocks in every release it has reshape code in; where the V2 runner of a
+    release does not split yet (0.19 - 0.21), the V1 runner's contract is the V2 runner's plus that split."""
+    if v2.layout_placed or v2.kernel_split:
+        return v2
+    return {SHAPED_019.name: SHAPED_019_V1, SHAPED_020.name: SHAPED_020_V1, SHAPED_021.name: SHAPED_022}[v2.name]
+
+
+# --- packed per-block slabs (backend-shaped contracts, 0.24 - 0.28)
+
+
+@rule("vllm/v1/core/kv_cache_utils.py _use_packed_kv_cache_config (0.24-0.28): packs when every group's spec is a "
+      "UniformTypeKVCacheSpecs (DeepSeek V4) or `enable_cross_layers and len(kv_cache_groups) > 1` (kv_connector_extra_config "
+      "'enable_cross_layers_blocks', 'an experimental API', issue #42082); one UniformTypeKVCacheSpecs group is the special case "
+      "'all layers have the same type of KV cache but with different hidden sizes', one tensor per layer")
+def packs(contract: Contract, requested: str, groups: int) -> bool:
+    """The planner packs layers into one per-block slab when the release packs at all, the case asks for it, and there are
+    several KV-cache groups."""
+    return contract.packing != "none" and requested != "none" and groups > 1
+
+
+@rule("vllm/v1/core/kv_cache_utils.py _get_kv_cache_config_packed (0.24-0.26): 'Emit one KVCacheTensor per (slot_idx, page_size). "
+      "Layers from different groups at the same slot share a tensor ... Each emitted tensor aliases one physical backing allocation, "
+      "with per-block data laid out contiguously'; _bucket_layers_by_page_size: 'result[ps][slot_idx] = [layer_names]', buckets in "
+      "the order their page sizes first appear, each slot one page after the previous")
+def bucketed_slab(groups: list[list[tuple[str, int]]]) -> tuple[int, dict[str, int]]:
+    """(block stride, offset of each layer in the slab): the i-th layer of each page size in a group takes slot i of that page
+    size; slots of one page size follow each other, page sizes in order of first appearance; a block's slab holds them all."""
+    buckets: dict[int, list[list[str]]] = {}
+    for layers in groups:
+        taken: dict[int, int] = {}
+        for name, page in layers:
+            slot = taken.get(page, 0)
+            taken[page] = slot + 1
+            slots = buckets.setdefault(page, [])
+            if slot == len(slots):
+                slots.append([])
+            slots[slot].append(name)
+    offsets: dict[str, int] = {}
+    offset = 0
+    for page, slots in buckets.items():
+        for names in slots:
+            offsets.update(dict.fromkeys(names, offset))
+            offset += page
+    return offset, offsets
+
+
+@rule("vllm/v1/core/kv_cache_utils.py _get_packed_kv_cache_layout (0.27-0.28): 'Lay out each cache group densely in one shared block "
+      "slab. A block ID is owned by one cache group at a time, so layouts from different groups may overlap. Layers within a group "
+      "remain disjoint.'")
+def per_group_slab(groups: list[list[tuple[str, int]]]) -> tuple[int, dict[str, int]]:
+    """(block stride, offset of each layer in the slab): each group's layers side by side from byte 0 in their order; the slab
+    is as wide as the widest group."""
+    offsets: dict[str, int] = {}
+    stride = 0
+    for layers in groups:
+        offset = 0
+        for name, page in layers:
+            offsets[name] = offset
+            offset += page
+        stride = max(stride, offset)
+    return stride, offsets
+
+
+@rule("vllm/v1/core/kv_cache_utils.py _get_kv_cache_config_packed docstring: 'Each emitted tensor aliases one physical backing "
+      "allocation, with per-block data laid out contiguously'; create_kv_cache_views (0.29+): kernel blocks 'sit a constant stride "
+      "apart only if a block is one dense page'")
+def packed_page(splits: bool) -> str | None:
+    """A layer packed into a slab with other layers' pages holds block b as one contiguous page at its offset in slab b: the
+    block axis is outermost (hoisted, the other axes in their declared order inside the page), and kernel blocks cannot be cut
+    out of it (a layer's next kernel block would be a slab further on, no constant stride away). A slab that is one layer's
+    page alone lays out as if unpacked. Returns why the case is inexpressible, or None."""
+    if splits and not splits_in_place(False):
+        return "a block packed into a slab with other layers' pages cannot be split into kernel blocks"
+    return None

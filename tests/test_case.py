@@ -49,3 +49,18 @@ def test_a_layout_is_named_as_each_release_names_it():
     assert layout_as("NHD", KV_CACHE_LAYOUTS) == "LBNHC" and layout_as("HND", KV_CACHE_LAYOUTS) == "LBHNC"
     assert layout_as("BLNHC", KV_CACHE_LAYOUTS) == "BLNHC"
     assert layout_as("BLNHC", LEGACY_LAYOUTS) is None  # no legacy name: the release cannot express it
+
+
+def test_runner_spec_source_and_packing_round_trip_and_stay_out_of_old_files():
+    old = full_case()
+    assert "runner" not in dumps(old) and "packing" not in dumps(old) and "spec_source" not in dumps(old)
+    assert (old.runner, old.spec_source, old.packing) == ("v2", "case", "none")
+    new = Case(groups=old.groups, num_blocks=4, runner="both", spec_source="vllm", packing="cross_layers")
+    assert loads(dumps(new)) == new and json.loads(dumps(new))["runner"] == "both"
+    assert new.describe().endswith("/both/vllm/cross_layers")
+    for field, value in (("runner", "v3"), ("spec_source", "model"), ("packing", "dense")):
+        data = json.loads(dumps(old))
+        data[field] = value
+        with pytest.raises(CaseError) as error:
+            loads(json.dumps(data))
+        assert str(error.value).startswith(field)

@@ -104,3 +104,30 @@ def test_the_spec_check_catches_a_page_that_is_not_the_dtypes():
     assert wrong is not None and f"instead of {right}" in wrong.message
     # A fact the target could not read (None) is not checked.
     assert check_specs(case, Outcome(specs={0: {"kv_quant_mode": None, "page_bytes": None}})) is None
+
+
+def built_by_layer(layer="MLAAttention", classes=("MLAAttentionSpec", "AttentionSpec"), **fields):
+    """The facts of a spec vLLM built from a layer for an fp8 MLA case with 576-element latents, 16-token blocks."""
+    base = {"block_size": 16, "num_kv_heads": 1, "head_size": 576, "head_size_v": 0, "dtype": "uint8", "sliding_window": None,
+            "num_head_slots": None, "state_content_bytes": None, "page_size_padded": None}
+    return {"layer": layer, "classes": list(classes), "fields": {**base, **fields}}
+
+
+def test_a_spec_a_layer_built_is_held_to_the_case_and_names_the_layer():
+    case = spec_case(kind="mla", num_kv_heads=1, head_size=576, cache_dtype="fp8", kv_quant_mode="fp8_per_tensor")
+    page = 16 * 576  # one byte per latent element
+    right = {"kv_quant_mode": "fp8_per_tensor", "page_bytes": page, **built_by_layer()}
+    assert check_specs(case, Outcome(specs={0: right})) is None
+    # vLLM 0.25's MLA layer leaves the quant mode unset for an fp8 cache (design notes §2.3).
+    unset = check_specs(case, Outcome(specs={0: {**right, "kv_quant_mode": "none"}}))
+    assert (unset.kind, unset.spec_kind, unset.function) == ("spec-mismatch", "mla", "MLAAttention.get_kv_cache_spec")
+    # Every fp8 dtype meets the same unset mode: the message does not name the dtype, so they are one finding.
+    assert unset.message == "kv_quant_mode none instead of fp8_per_tensor"
+    e5m2 = spec_case(kind="mla", num_kv_heads=1, head_size=576, cache_dtype="fp8_e5m2", kv_quant_mode="fp8_per_tensor")
+    assert check_specs(e5m2, Outcome(specs={0: {**right, "kv_quant_mode": "none"}})).signature == unset.signature
+    other_block = check_specs(case, Outcome(specs={0: {**right, **built_by_layer(block_size=64)}}))
+    assert other_block.message == "cache dtype fp8: block_size 64 instead of 16"
+    other_class = check_specs(case, Outcome(specs={0: {**right, **built_by_layer(classes=("FullAttentionSpec",))}}))
+    assert other_class.message == "cache dtype fp8: a FullAttentionSpec instead of a MLAAttentionSpec"
+    padded = check_specs(case, Outcome(specs={0: {**right, **built_by_layer(page_size_padded=page + 64)}}))
+    assert padded.message == f"cache dtype fp8: page_size_padded {page + 64} instead of None"

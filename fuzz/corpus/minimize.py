@@ -6,7 +6,8 @@ Named passes, run in order and repeated until none makes progress (a fixed point
 3. numbers  - every numeric field toward its smallest valid value: block count to 1, heads to 1,
               the smallest head and block sizes, no compression;
 4. options  - toward the simplest layout, backend, dtype and options: no padding or alignment,
-              a real backend instead of a synthetic one, the default cache dtype.
+              a real backend instead of a synthetic one, the default cache dtype, one model
+              runner (the V2 runner first), specs built from the case, no packing.
 Rules, after Hypothesis' shrinker: every step is a strictly simpler case (by `size`, so progress
 is deterministic and the loop ends), candidates are re-planned so their kernel block size is
 the one vLLM would choose (a shrunk case must stay a case vLLM could build), and a candidate
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from fuzz.case import MLA_KINDS, Case, CaseError, GroupCase, SpecCase, validate
+from fuzz.case import MLA_KINDS, RUNNERS, Case, CaseError, GroupCase, SpecCase, validate
 from fuzz.space import LAYOUT_ORDER, choose_kernel_block_size, simpler_block_sizes, unrealistic
 from fuzz.targets.base import TargetInfo
 from fuzz.verdict.findings import PROCESS_KINDS, Finding
@@ -97,7 +98,7 @@ def size(case: Case) -> tuple[int, ...]:
         case.num_blocks,
         sum(s.num_kv_heads + s.head_size + s.block_size + s.compress_ratio for s in specs),
         _layout_rank(case.layout),
-        sum(_options(g) for g in case.groups),
+        sum(_options(g) for g in case.groups) + RUNNERS.index(case.runner) + (case.spec_source != "case") + (case.packing != "none"),
     )
 
 
@@ -152,6 +153,12 @@ def _smaller_numbers(case: Case, info: TargetInfo) -> Iterator[Case]:
 
 
 def _simpler_options(case: Case, info: TargetInfo) -> Iterator[Case]:
+    for runner in RUNNERS[: RUNNERS.index(case.runner)]:
+        yield dataclasses.replace(case, runner=runner)
+    if case.packing != "none":
+        yield dataclasses.replace(case, packing="none")
+    if case.spec_source != "case":
+        yield dataclasses.replace(case, spec_source="case")
     for layout in LAYOUT_ORDER:
         if layout in info.layouts and _layout_rank(layout) < _layout_rank(case.layout):
             yield dataclasses.replace(case, layout=layout)

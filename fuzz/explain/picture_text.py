@@ -34,6 +34,8 @@ def text_diff(result: CaseResult, *, vllm: str | None = None) -> str:
     bytes differ (with the first differing byte's owner on each side)."""
     case, expectation, outcome = result.case, result.expectation, result.outcome
     lines = title_lines(result, vllm)
+    if result.v1 is not None:
+        lines.append("V2 model runner:")
     if expectation is not None and not expectation.accepted:
         layer = f" (layer {expectation.reject_layer})" if expectation.reject_layer else ""
         lines.append(f"oracle rejects the case: {expectation.reject_reason}{layer}")
@@ -56,6 +58,11 @@ def text_diff(result: CaseResult, *, vllm: str | None = None) -> str:
         theirs = outcome.views.get(target) if outcome is not None else None
         same = mine is not None and theirs is not None and [_geometry(v) for v in mine] == [_geometry(v) for v in theirs]
         lines.append(f"{sharer:12} shares {target}'s cache: vLLM's views {'alias it' if same else 'do NOT alias it'}")
+    if result.v1 is not None:
+        # A case run by both model runners: the V1 runner's layout, against its own contract, below the V2 runner's.
+        contract = f", contract {result.v1.expectation.contract}" if result.v1.expectation is not None else ""
+        lines += ["", f"V1 model runner (GPUModelRunner.initialize_kv_cache_tensors{contract}):",
+                  *text_diff(result.v1, vllm=vllm).splitlines()[1:]]
     return "\n".join(lines)
 
 

@@ -34,6 +34,8 @@ def describe(result: CaseResult, target: Target) -> dict[str, Any]:
                     "actual": [b.size for b in outcome.buffers] if outcome else None},
         "error": None if not outcome or not outcome.raised else f"{outcome.error_type} in {outcome.error_function}: {outcome.error_message}",
         "layers": layers,
+        "runner": outcome.runner if outcome else None,
+        "v1": None if result.v1 is None else describe(result.v1, target),
     }
 
 

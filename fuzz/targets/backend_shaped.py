@@ -15,6 +15,7 @@ oracle can evaluate the declaration at the arguments the contract says are right
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import replace
 from typing import Any
@@ -27,7 +28,7 @@ from fuzz.targets.base import BackendInfo
 from fuzz.targets.common import Adapter, unique_buffers
 from fuzz.targets.entry_points import Probe
 from oracles import pages
-from oracles.contract import SHAPED_019, SHAPED_020, SHAPED_021, SHAPED_022, SHAPED_027, Contract
+from oracles.contract import SHAPED_019, SHAPED_020, SHAPED_021, SHAPED_022, SHAPED_024, SHAPED_027, Contract
 
 # Sentinels for reading a declared shape: a block count no axis has by chance, and two slot
 # counts (multiples of 16, which some backends require).
@@ -67,12 +68,21 @@ class BackendShapedTarget(Adapter):
             self.off["kv-sharing"] = f"{reshape.where} takes no shared_kv_cache_layers; cases with KV-sharing layers are not drawn"
         # A backend's declaration depends only on these arguments: ask it once per combination.
         self._declared: dict[tuple[Any, ...], tuple[tuple[int | str, ...], tuple[int, ...]]] = {}
-        self.info = self.target_info(self.contract, ("NHD", "HND"))
+        packings = ("none",)
+        if self.contract.packing != "none":
+            packings += tuple(name for name, needs in (("cross_layers", self.transfer_config), ("uniform_type", self.uniform_specs))
+                              if needs is not None)
+        self.info = self.target_info(self.contract, ("NHD", "HND"), packings=packings)
 
     def _probe_contract(self, entry_points: Probe) -> Contract:
         mamba_lists = hasattr(self.attn_utils, "_update_hybrid_attention_layout")
         if self.takes_kernel_sizes:
-            return SHAPED_022 if mamba_lists else SHAPED_027
+            if not mamba_lists:
+                return SHAPED_027
+            # The planner can pack layers into per-block slabs (a KVCacheTensor with an offset and a block stride, 0.24+).
+            tensor = entry_points.find("KVCacheTensor")
+            packs = tensor is not None and "block_stride" in {f.name for f in dataclasses.fields(tensor.obj)}
+            return SHAPED_024 if packs else SHAPED_022
         if not hasattr(entry_points.get("KVCacheSpec"), "storage_block_size"):
             return SHAPED_019
         return SHAPED_021 if mamba_lists else SHAPED_020

@@ -58,6 +58,14 @@ class TargetInfo:
     entry_points: dict[str, str] = field(default_factory=dict)
     # Layout inputs the release defines that kvfuzz's case space does not draw (never silently).
     uncovered: tuple[str, ...] = ()
+    # Model runners whose KV-cache code this target drives ("v2"; "v1" where GPUModelRunner has it).
+    runners: tuple[str, ...] = ("v2",)
+    # Spec kinds and backends vLLM can build specs for from layers here (spec_source "vllm").
+    layer_kinds: tuple[str, ...] = ()
+    layer_backends: tuple[str, ...] = ()
+    layer_fields: tuple[str, ...] = ()  # spec fields beyond the basics that layers carry (head_size_v)
+    # How the planner can pack layers into per-block slabs (case field packing), "none" first.
+    packings: tuple[str, ...] = ("none",)
 
     def backend(self, name: str) -> BackendInfo | None:
         return next((b for b in self.backends if b.name == name), None)
@@ -93,6 +101,11 @@ class TargetInfo:
             registers_dtypes=bool(data.get("registers_dtypes", False)),
             entry_points=dict(data.get("entry_points", {})),
             uncovered=tuple(data.get("uncovered", ())),
+            runners=tuple(data.get("runners", ("v2",))),
+            layer_kinds=tuple(data.get("layer_kinds", ())),
+            layer_backends=tuple(data.get("layer_backends", ())),
+            layer_fields=tuple(data.get("layer_fields", ())),
+            packings=tuple(data.get("packings", ("none",))),
         )
 
 
@@ -135,8 +148,11 @@ class Outcome:
     error_line: int | None = None
     # Physical probe: per layer and tensor, the byte ranges each element was read back from.
     probe: dict[str, Any] | None = None
-    # Per group index: what the spec vLLM built for it says (kv_quant_mode, unpadded page bytes).
+    # Per group index: what the spec vLLM built for it says (kv_quant_mode, unpadded page bytes; for
+    # specs vLLM built from layers also the layer class and the spec's fields).
     specs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # The model runner whose code produced these views ("v2" or "v1").
+    runner: str = "v2"
 
     @property
     def raised(self) -> bool:
@@ -167,6 +183,7 @@ class Outcome:
             error_line=data.get("error_line"),
             probe=data.get("probe"),
             specs={int(k): dict(v) for k, v in data.get("specs", {}).items()},
+            runner=data.get("runner", "v2"),
         )
 
 
@@ -200,18 +217,22 @@ class Execution:
     case_error: str | None = None
     # A backend's declaration breaks the layout contract: (vLLM function, message, layer).
     declaration: tuple[str, str, str | None] | None = None
+    # A case run by both model runners: the V1 runner's outcome (`outcome` is then the V2 runner's).
+    v1: Outcome | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"case": to_dict(self.case), "outcome": None if self.outcome is None else self.outcome.to_dict(),
                 "skipped": self.skipped, "case_error": self.case_error,
-                "declaration": None if self.declaration is None else list(self.declaration)}
+                "declaration": None if self.declaration is None else list(self.declaration),
+                "v1": None if self.v1 is None else self.v1.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Execution:
-        outcome, declaration = data.get("outcome"), data.get("declaration")
+        outcome, declaration, v1 = data.get("outcome"), data.get("declaration"), data.get("v1")
         return cls(case=from_dict(data["case"]), outcome=None if outcome is None else Outcome.from_dict(outcome),
                    skipped=data.get("skipped"), case_error=data.get("case_error"),
-                   declaration=None if declaration is None else (declaration[0], declaration[1], declaration[2]))
+                   declaration=None if declaration is None else (declaration[0], declaration[1], declaration[2]),
+                   v1=None if v1 is None else Outcome.from_dict(v1))
 
 
 class Target(Protocol):

@@ -9,13 +9,14 @@ how backends declare their layout, and the calls that turn raw buffers into view
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import os
 import sys
 import traceback
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -23,11 +24,13 @@ import torch
 import oracles
 from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend, layout_as
 from fuzz.errors import BrokenDeclaration, CaseMismatch, Inexpressible, TargetError
-from fuzz.space import choose_kernel_block_size
+from fuzz.space import choose_kernel_block_size, layer_reason
 from fuzz.targets.base import BackendInfo, BufferRecord, Execution, Outcome, TargetInfo, ViewRecord
 from fuzz.targets.calls import call_mismatch
 from fuzz.targets.entry_points import Probe
 from fuzz.targets.probe import physical_probe, storage_key
+from fuzz.targets.runner_v1 import V1Runner
+from fuzz.targets.spec_builder import LayerSpecs
 from oracles import pages
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -107,6 +110,9 @@ FIELD_NAMES = {
     "is_draft": ("is_draft",),
 }
 FIELD_DEFAULTS = {name: getattr(SpecCase(kind="full", block_size=16), name) for name in FIELD_NAMES}
+# The fields of a spec vLLM built from a layer that the spec check compares with the case (fuzz/verdict/specs.py).
+SPEC_FACT_FIELDS = ("block_size", "num_kv_heads", "head_size", "head_size_v", "dtype", "sliding_window", "num_head_slots",
+                    "state_content_bytes", "page_size_padded")
 # Plenty for any case kvfuzz draws; the block count itself comes from the override.
 AVAILABLE_MEMORY = 1 << 40
 
@@ -158,7 +164,7 @@ def capture(call: Callable[[], Outcome]) -> Outcome:
     """
     try:
         return call()
-    except CaseMismatch:
+    except (CaseMismatch, Inexpressible):
         raise
     except (Exception, SystemExit, KeyboardInterrupt) as error:
         mismatch = call_mismatch(error)
@@ -217,6 +223,22 @@ def _layer_in_flight(error: BaseException) -> str | None:
     return layer
 
 
+@dataclasses.dataclass
+class Prepared:
+    """A case walked up to the call under test, as the model runners' initialize_kv_cache prepares it: the planned
+    config (KV-sharing layers in their target's group), the attention groups and each group's kernel block size."""
+
+    config: Any
+    attn_groups: list[list[Any]]
+    kernel_block_sizes: list[int]
+    used: dict[int, int]  # kernel block size per group, as vLLM derives it for the views it binds
+    views: Callable[[], tuple[dict[str, Any], list[torch.Tensor]]]  # the V2 runner's call under test
+
+    def __call__(self) -> tuple[dict[str, Any], list[torch.Tensor], dict[int, int]]:
+        made, raw = self.views()
+        return made, raw, self.used
+
+
 class Adapter:
     """The parts of a target adapter that do not depend on the vLLM API generation."""
 
@@ -241,6 +263,13 @@ class Adapter:
         self.config = self._make_config(probe.get("VllmConfig"))
         # Backends consult the current vLLM config (stride order, kernel sizes); keep one set.
         probe.get("set_current_vllm_config")(self.config).__enter__()
+        found_v1 = probe.find("V1 runner")
+        self.v1 = None if found_v1 is None else V1Runner(found_v1)
+        if self.v1 is None:
+            self.off["v1 runner"] = probe.missing("V1 runner") + "; cases for the V1 model runner are not drawn"
+        self.uniform_specs = _obj(probe.find("UniformTypeKVCacheSpecs"))
+        self.transfer_config = _obj(probe.find("KVTransferConfig"))
+        self.layer_specs: LayerSpecs | None = None
         self.sharing = _obj(probe.find("shared-layer wiring"))
         if self.sharing is None:
             self.off["kv-sharing"] = probe.missing("shared-layer wiring") + "; cases with KV-sharing layers are not drawn"
@@ -263,12 +292,12 @@ class Adapter:
         self._registered: set[str] = set()
         self.max_buffer_bytes = 1 << 30  # cases needing more are skipped on real devices
 
-    def _make_config(self, config_cls: type) -> Any:
-        """A default VllmConfig. Where the platform refuses to configure this machine (0.34's x86 CPU
+    def _make_config(self, config_cls: type, **fields: Any) -> Any:
+        """A VllmConfig (default, or with `fields`). Where the platform refuses to configure this machine (0.34's x86 CPU
         platform wants triton-cpu for its kernels), the config is built without the platform's hook:
         the layout code under test runs no kernel. The report says so."""
         try:
-            return config_cls()
+            return config_cls(**fields)
         except RuntimeError as error:
             from unittest import mock
 
@@ -276,7 +305,7 @@ class Adapter:
 
             hook = classmethod(lambda cls, vllm_config: None)
             with mock.patch.object(type(current_platform), "check_and_update_config", hook):
-                config = config_cls()
+                config = config_cls(**fields)
             self.off["platform configuration"] = (f"{type(current_platform).__name__} refused a default VllmConfig ({error}); "
                                                   "kvfuzz builds it without the platform's check_and_update_config")
             return config
@@ -348,17 +377,21 @@ class Adapter:
 
     # ------------------------------------------------------------------ shared
 
-    def target_info(self, contract: Any, layouts: tuple[str, ...], kv_sharing: bool = True) -> TargetInfo:
+    def target_info(self, contract: Any, layouts: tuple[str, ...], kv_sharing: bool = True, packings: tuple[str, ...] = ("none",)) -> TargetInfo:
         uncovered = [f"spec class {name}" for name in self._unknown_spec_classes()]
         if self.probe.spec_class("HiSparseHotSpec") is not None:
             # Its host pool is pinned memory and its binding needs attention layers and block tables.
             uncovered.append("HiSparse caches (init_hisparse_kv_cache)")
+        backends = tuple(self._described_backends())
+        self.layer_specs = self._layer_specs()
+        if self.layer_specs is not None and self.layer_specs.kinds and "sliding_window" not in self.layer_specs.kinds:
+            uncovered.append("sliding-window specs built by vLLM (the layer picks its block size; kvfuzz drives no page unification)")
         return TargetInfo(
             vllm_version=self.vllm_version,
             generation=self.generation,
             contract=contract,
             spec_kinds=self.spec_kinds,
-            backends=tuple(self._described_backends()),
+            backends=backends,
             layouts=layouts,
             spec_fields={kind: self._expressible_fields(kind) for kind in self.spec_kinds},
             kv_sharing=kv_sharing and "kv-sharing" not in self.off,
@@ -368,7 +401,27 @@ class Adapter:
             registers_dtypes=self.registry is not None and "registered cache dtypes" not in self.off,
             entry_points=self.probe.located(),
             uncovered=tuple(uncovered),
+            runners=("v2", "v1") if self.v1 is not None else ("v2",),
+            layer_kinds=self.layer_specs.kinds if self.layer_specs else (),
+            layer_backends=self.layer_specs.backends if self.layer_specs else (),
+            layer_fields=self.layer_specs.fields if self.layer_specs else (),
+            packings=packings,
         )
+
+    def _layer_specs(self) -> LayerSpecs | None:
+        """What builds specs from layers here (spec_source "vllm"); None, with the reason among the checks off, if nothing."""
+        try:
+            built = LayerSpecs(self.probe, self.backend_classes, self.probe.get("set_current_vllm_config"),
+                               lambda **fields: self._make_config(self.probe.get("VllmConfig"), **fields))
+        except Exception as error:  # noqa: BLE001 - building no layer here turns the check off, with the reason
+            self.off["vllm-built specs"] = f"layers do not build here ({type(error).__name__}: {error})".splitlines()[0]
+            return None
+        if built.off is not None:
+            self.off["vllm-built specs"] = built.off
+        if not built.kinds:
+            self.off.setdefault("vllm-built specs", "no backend's layer builds here")
+            return None
+        return built
 
     def _unknown_spec_classes(self) -> list[str]:
         """Layer spec classes the release defines that kvfuzz has no kind for (visible, not drawn).
@@ -439,6 +492,15 @@ class Adapter:
         reason = self.skip_reason(case)
         if reason is not None:
             return reason
+        if case.runner != "v2" and "v1" not in info.runners:
+            return f"field runner: {self.off.get('v1 runner', 'no V1 model runner')}"
+        if case.packing not in info.packings:
+            return (f"field packing: vLLM {info.vllm_version} packs no {case.packing} slabs "
+                    "(from 0.29 block-outermost layouts are the packed form)")
+        if case.spec_source == "vllm":
+            reason = layer_reason(case, info)
+            if reason is not None:
+                return reason
         for group in case.groups:
             spec = group.spec
             if spec.kind not in info.spec_kinds:
@@ -596,42 +658,69 @@ class Adapter:
         if device != "meta" and self.max_buffer_bytes and oracles.buffer_bytes(declared, self.info.contract) > self.max_buffer_bytes:  # type: ignore[attr-defined]
             # Alignment rules can blow a few-block case up to GiBs; describe those at production scale instead.
             return Execution(declared, skipped=f"its buffers need more than {self.max_buffer_bytes} bytes")
-        specs: list[Any] = []  # vLLM's specs, as built before anything else can fail
-        try:
-            outcome = capture(lambda: self._run(declared, torch.device(device), probe, specs))
-        except CaseMismatch as error:
-            return Execution(declared, case_error=str(error))
-        if specs:
-            outcome = dataclasses.replace(outcome, specs={i: self.spec_facts(spec) for i, spec in enumerate(specs)})
-        return Execution(declared, outcome=outcome)
+        outcomes: list[Outcome] = []
+        for runner in ("v2", "v1") if declared.runner == "both" else (declared.runner,):
+            specs: list[tuple[Any, str | None]] = []  # vLLM's specs (and the layer that built each), before anything else can fail
+            try:
+                outcome = capture(lambda: self._run(declared, torch.device(device), probe, specs, runner))
+                if runner == "v1":
+                    assert self.v1 is not None
+                    outcome = self.v1.restore(outcome)
+            except CaseMismatch as error:
+                return Execution(declared, case_error=str(error))
+            except Inexpressible as error:
+                return Execution(declared, skipped=str(error))
+            if specs:
+                outcome = dataclasses.replace(outcome, specs={i: self.spec_facts(spec, layer) for i, (spec, layer) in enumerate(specs)})
+            outcomes.append(dataclasses.replace(outcome, runner=runner))
+        return Execution(declared, outcome=outcomes[0], v1=outcomes[1] if len(outcomes) > 1 else None)
 
-    def _run(self, case: Case, device: torch.device, probe: bool, specs: list[Any]) -> Outcome:
-        views, raw, used = self.prepare(case, device, specs)()
-        outcome = self.record(views, raw, dict(case.kv_sharing), used)
+    def _run(self, case: Case, device: torch.device, probe: bool, specs: list[tuple[Any, str | None]], runner: str = "v2") -> Outcome:
+        prepared = self.prepare(case, device, specs)
+        if runner == "v1":
+            assert self.v1 is not None
+            views, raw = self.v1.views(case, prepared.config, prepared.attn_groups, prepared.kernel_block_sizes, self.config.cache_config,
+                                       self.config, device)
+        else:
+            views, raw = prepared.views()
+        outcome = self.record(views, raw, dict(case.kv_sharing), prepared.used)
         if probe and device.type != "meta":
             outcome = dataclasses.replace(outcome, probe=physical_probe(views, raw))
         return outcome
 
-    def spec_facts(self, spec: Any) -> dict[str, Any]:
-        """What vLLM's spec says about the page: its quant mode and its page before padding."""
+    def spec_facts(self, spec: Any, layer: str | None = None) -> dict[str, Any]:
+        """What vLLM's spec says about the page: its quant mode and its page before padding; for a spec vLLM built from a
+        layer, also that layer's class, the spec's classes and the fields a case states."""
         mode = getattr(spec, "kv_quant_mode", None) if self.quant_lookup is not None else None
         if hasattr(spec, "unpadded_page_size_bytes"):
             page = spec.unpadded_page_size_bytes
         else:
             page = spec.page_size_bytes if getattr(spec, "page_size_padded", None) is None else None
-        return {"kv_quant_mode": None if mode is None else mode.name.lower(), "page_bytes": page}
+        facts: dict[str, Any] = {"kv_quant_mode": None if mode is None else mode.name.lower(), "page_bytes": page}
+        if layer is not None:
+            fields = {}
+            for name in SPEC_FACT_FIELDS:
+                value = getattr(spec, name, None)
+                fields[name] = DTYPE_NAMES.get(value, str(value)) if isinstance(value, torch.dtype) else value
+            facts.update(layer=layer, classes=[cls.__name__ for cls in type(spec).__mro__], fields=fields)
+        return facts
 
-    def prepare(self, case: Case, device: torch.device,
-                built: list[Any] | None = None) -> Callable[[], tuple[dict[str, Any], list[torch.Tensor], dict[int, int]]]:
-        """The V2 model runner's walk up to the call under test (plan, add KV-sharing layers, pick
-        kernel sizes); the returned call allocates the raw buffers and makes the views."""
-        specs = [self.build_spec(g.spec) for g in case.groups]
+    def prepare(self, case: Case, device: torch.device, built: list[tuple[Any, str | None]] | None = None) -> Prepared:
+        """The model runners' walk up to the call under test (specs, plan, add KV-sharing layers, pick kernel sizes); the
+        returned Prepared allocates the raw buffers and makes the V2 runner's views when called."""
+        if case.spec_source == "vllm":
+            assert self.layer_specs is not None
+            made: list[tuple[Any, str | None]] = list(self.layer_specs.build(case))
+        else:
+            made = [(self.build_spec(g.spec), None) for g in case.groups]
         if built is not None:
-            built.extend(specs)
-        groups = [self.group_spec(list(g.layers), spec) for g, spec in zip(case.groups, specs, strict=True)]
+            built.extend(made)
+        specs = [spec for spec, _ in made]
+        groups = [self.group_spec(list(g.layers), self.group_level_spec(case, g, spec)) for g, spec in zip(case.groups, specs, strict=True)]
         self.config.cache_config.num_gpu_blocks_override = case.num_blocks
         self.configure_layout(case.layout)
-        config = self.plan(groups, case.num_blocks)
+        with self.packing(case):
+            config = self.plan(groups, case.num_blocks)
         if case.kv_sharing:
             self.sharing(dict(case.kv_sharing), config.kv_cache_groups)  # type: ignore[misc]
         attn_groups = [self.attention_groups(index, group, spec, config)
@@ -647,12 +736,28 @@ class Adapter:
                 stated = [g.kernel_block_size or g.spec.block_size for g in case.groups]
                 raise CaseMismatch(f"kernel_block_size: the case says {stated}, vLLM derives none ({error})".splitlines()[0]) from None
             check_derived_kernel_sizes(case, used)
+        return Prepared(config, attn_groups, kernel_block_sizes, used,
+                        lambda: self.make_views(case, config, attn_groups, kernel_block_sizes, device))
 
-        def views() -> tuple[dict[str, Any], list[torch.Tensor], dict[int, int]]:
-            made, raw = self.make_views(case, config, attn_groups, kernel_block_sizes, device)
-            return made, raw, used
+    def group_level_spec(self, case: Case, group: GroupCase, spec: Any) -> Any:
+        """The spec a KV-cache group carries: the layer spec, or (case packing "uniform_type", DeepSeek V4) the layers'
+        specs in a UniformTypeKVCacheSpecs."""
+        if case.packing != "uniform_type" or self.uniform_specs is None:
+            return spec
+        return self.uniform_specs(block_size=spec.block_size, kv_cache_specs=dict.fromkeys(group.layers, spec))
 
-        return views
+    @contextlib.contextmanager
+    def packing(self, case: Case) -> Iterator[None]:
+        """The connector setting that asks the planner for cross-layer blocks (case packing "cross_layers"), while planning."""
+        if case.packing != "cross_layers" or self.transfer_config is None:
+            yield
+            return
+        previous = self.config.kv_transfer_config
+        self.config.kv_transfer_config = self.transfer_config(kv_connector_extra_config={"enable_cross_layers_blocks": "true"})
+        try:
+            yield
+        finally:
+            self.config.kv_transfer_config = previous
 
     def kernel_sizes_used(self, attn_groups: list[list[Any]], kernel_block_sizes: list[int]) -> dict[int, int]:
         """Each group's kernel block size as vLLM derives it for the views it binds."""

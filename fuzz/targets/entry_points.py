@@ -97,6 +97,18 @@ ENTRY_POINTS: dict[str, Wanted] = {w.role: w for w in (
     Wanted("dtype handler registry", ("register_kv_cache_dtype",), ("vllm.config.cache",), params=(("name",),)),
     Wanted("rotary dims", ("register_rope_dim",), ("vllm.v1.attention.ops.rocm_octave",), params=(("head_size",), ("rope_dim",))),
     Wanted("HiSparse initialisation", ("init_hisparse_kv_cache",), ("vllm.v1.hisparse.binding",), params=(("kv_cache_config",),)),
+    # The V1 model runner (GPUModelRunner; CPUModelRunner subclasses it) and what it reaches.
+    Wanted("V1 runner", ("GPUModelRunner",), ("vllm.v1.worker.gpu_model_runner",), attributes=("initialize_kv_cache_tensors",)),
+    Wanted("UniformTypeKVCacheSpecs", ("UniformTypeKVCacheSpecs",), (INTERFACE,), attributes=("is_uniform_type",)),
+    Wanted("KVTransferConfig", ("KVTransferConfig",), ("vllm.config", "vllm.config.kv_transfer"), attributes=()),
+    # Specs built by vLLM from layers: the V2 runner's walk over the forward context, and the layers.
+    Wanted("layer spec walk", ("get_kv_cache_spec",), (ATTN_UTILS,), params=(("vllm_config",),)),
+    Wanted("Attention layer", ("Attention",), ("vllm.model_executor.layers.attention.attention", "vllm.attention.layer"),
+           attributes=("get_kv_cache_spec",)),
+    Wanted("MLA layer", ("MLAAttention",), ("vllm.model_executor.layers.attention.mla_attention", "vllm.attention.layer"),
+           attributes=("get_kv_cache_spec",)),
+    Wanted("ModelConfig", ("ModelConfig",), ("vllm.config", "vllm.config.model"), attributes=()),
+    Wanted("CacheConfig", ("CacheConfig",), ("vllm.config", "vllm.config.cache"), attributes=()),
 )}
 
 

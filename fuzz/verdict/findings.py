@@ -30,6 +30,7 @@ KINDS = (
     "share",
     "order",
     "probe-mismatch",
+    "runner-mismatch",
 )
 
 # What each kind means, in one line (SARIF rules, reports).
@@ -37,7 +38,8 @@ DESCRIPTIONS = {
     "crash-signal": "The target process died of a signal (segfault, abort) or exited.",
     "hang": "The target did not finish the case within the case timeout.",
     "oom": "The target process ran out of memory.",
-    "spec-mismatch": "vLLM built a KV-cache spec whose quant mode or page is not what the case's cache dtype defines.",
+    "spec-mismatch": ("vLLM built a KV-cache spec whose quant mode or page is not what the case's cache dtype defines, "
+                      "or, from a layer, whose class or fields are not what the layer's model parameters give."),
     "crash-on-valid": "vLLM raised on a KV-cache configuration it must support.",
     "crash-on-invalid": "vLLM failed deep inside torch or arithmetic on a configuration it should refuse with a message.",
     "refused-valid": "vLLM refused a KV-cache configuration its layout contract expresses.",
@@ -53,6 +55,7 @@ DESCRIPTIONS = {
     "share": "A KV-sharing layer does not alias its target layer's cache.",
     "order": "Elements inside a block are not in the declared order.",
     "probe-mismatch": "Bytes written through vLLM's views land where the oracle says they must not.",
+    "runner-mismatch": "vLLM's two model runners (V2 and V1) lay the same case out differently, or one refuses what the other builds.",
 }
 
 PROCESS_KINDS = ("crash-signal", "hang", "oom")  # the target process died, hung or ran out of memory
