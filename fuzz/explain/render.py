@@ -34,10 +34,11 @@ def describe(result: CaseResult, target: Target) -> dict[str, Any]:
                     "actual": [b.size for b in outcome.buffers] if outcome else None},
         "error": None if not outcome or not outcome.raised else f"{outcome.error_type} in {outcome.error_function}: {outcome.error_message}",
         "layers": layers,
+        "touches": outcome.touches if outcome else None,
     }
 
 
-def explain(target: Target, case: Case, device: str, as_json: bool = False, probe: bool = False) -> str:
+def explain(target: Target, case: Case, device: str, as_json: bool = False, probe: bool | str = False) -> str:
     result = run_case(target, case, device, probe=probe)
     return json.dumps(describe(result, target), indent=1) if as_json else render(result, target)
 

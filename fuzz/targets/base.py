@@ -58,6 +58,8 @@ class TargetInfo:
     entry_points: dict[str, str] = field(default_factory=dict)
     # Layout inputs the release defines that kvfuzz's case space does not draw (never silently).
     uncovered: tuple[str, ...] = ()
+    # Code that addresses KV blocks by bytes that kvfuzz can drive here (fuzz/targets/consumers.py).
+    consumers: tuple[str, ...] = ()
 
     def backend(self, name: str) -> BackendInfo | None:
         return next((b for b in self.backends if b.name == name), None)
@@ -93,6 +95,7 @@ class TargetInfo:
             registers_dtypes=bool(data.get("registers_dtypes", False)),
             entry_points=dict(data.get("entry_points", {})),
             uncovered=tuple(data.get("uncovered", ())),
+            consumers=tuple(data.get("consumers", ())),
         )
 
 
@@ -137,6 +140,8 @@ class Outcome:
     probe: dict[str, Any] | None = None
     # Per group index: what the spec vLLM built for it says (kv_quant_mode, unpadded page bytes).
     specs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # What the consumers and the kernel probe touched (fuzz/targets/consumers.py, kernel_probe.py): plain JSON.
+    touches: dict[str, Any] | None = None
 
     @property
     def raised(self) -> bool:
@@ -167,6 +172,7 @@ class Outcome:
             error_line=data.get("error_line"),
             probe=data.get("probe"),
             specs={int(k): dict(v) for k, v in data.get("specs", {}).items()},
+            touches=data.get("touches"),
         )
 
 
@@ -214,10 +220,24 @@ class Execution:
                    declaration=None if declaration is None else (declaration[0], declaration[1], declaration[2]))
 
 
+# What a run writes on the device besides comparing metadata: nothing, every view's elements, or tokens
+# through each backend's own cache write. `probe=True` is "physical", `False` "metadata".
+PROBES = ("metadata", "physical", "kernel")
+
+
+def probe_kind(probe: bool | str) -> str:
+    if isinstance(probe, bool):
+        return "physical" if probe else "metadata"
+    if probe not in PROBES:
+        raise ValueError(f"probe {probe!r} is not one of {', '.join(PROBES)}")
+    return probe
+
+
 class Target(Protocol):
     info: TargetInfo
 
-    def execute(self, case: Case, device: str, probe: bool = False) -> Execution:
+    def execute(self, case: Case, device: str, probe: bool | str = False) -> Execution:
         """Declare the case's backend fields, build the real objects, call vLLM, record the views
-        (and with `probe`, write through every view and read the raw bytes back)."""
+        (with the physical probe, write through every view and read the raw bytes back; with the
+        kernel probe, write tokens through each backend's cache write), and run the case's consumers."""
         ...

@@ -24,10 +24,12 @@ import oracles
 from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend, layout_as
 from fuzz.errors import BrokenDeclaration, CaseMismatch, Inexpressible, TargetError
 from fuzz.space import choose_kernel_block_size
-from fuzz.targets.base import BackendInfo, BufferRecord, Execution, Outcome, TargetInfo, ViewRecord
+from fuzz.targets import consumers, kernel_probe
+from fuzz.targets.base import BackendInfo, BufferRecord, Execution, Outcome, TargetInfo, ViewRecord, probe_kind
 from fuzz.targets.calls import call_mismatch
 from fuzz.targets.entry_points import Probe
 from fuzz.targets.probe import physical_probe, storage_key
+from fuzz.targets.walk import Walk
 from oracles import pages
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -262,6 +264,12 @@ class Adapter:
         self._spec_fields: dict[type, frozenset[str]] = {}
         self._registered: set[str] = set()
         self.max_buffer_bytes = 1 << 30  # cases needing more are skipped on real devices
+        self.consumers, unusable = consumers.discover(probe)
+        self.off.update({f"consumer {name}": why for name, why in unusable.items()})
+        self.mla_layer = consumers.mla_layer_class(probe)
+        # The last walk's objects (prepare), for the consumers and the kernel probe that run on them.
+        self.walked: tuple[Any, list[list[Any]], list[int]] | None = None
+        self.manager_views: dict[str, Any] | None = None  # set where the runner keeps other views than layers bind
 
     def _make_config(self, config_cls: type) -> Any:
         """A default VllmConfig. Where the platform refuses to configure this machine (0.34's x86 CPU
@@ -368,6 +376,7 @@ class Adapter:
             registers_dtypes=self.registry is not None and "registered cache dtypes" not in self.off,
             entry_points=self.probe.located(),
             uncovered=tuple(uncovered),
+            consumers=tuple(self.consumers),
         )
 
     def _unknown_spec_classes(self) -> list[str]:
@@ -574,7 +583,7 @@ class Adapter:
         """Declaring is idempotent, so cases that already carry their backends' fields may be re-run."""
         return dataclasses.replace(case, groups=tuple(self.declare_group(g, case.layout) for g in case.groups))
 
-    def execute(self, case: Case, device: str, probe: bool = False) -> Execution:
+    def execute(self, case: Case, device: str, probe: bool | str = False) -> Execution:
         translated = self.translate(case)
         if isinstance(translated, str):
             return Execution(case, skipped=translated)
@@ -605,12 +614,39 @@ class Adapter:
             outcome = dataclasses.replace(outcome, specs={i: self.spec_facts(spec) for i, spec in enumerate(specs)})
         return Execution(declared, outcome=outcome)
 
-    def _run(self, case: Case, device: torch.device, probe: bool, specs: list[Any]) -> Outcome:
+    def _run(self, case: Case, device: torch.device, probe: bool | str, specs: list[Any]) -> Outcome:
         views, raw, used = self.prepare(case, device, specs)()
         outcome = self.record(views, raw, dict(case.kv_sharing), used)
-        if probe and device.type != "meta":
+        kind = probe_kind(probe)
+        if device.type == "meta":
+            return outcome
+        if kind == "physical":
             outcome = dataclasses.replace(outcome, probe=physical_probe(views, raw))
+        # A case that names tokens is a kernel-probe case wherever it runs (replay, shrinking, bisect).
+        kernel = kind == "kernel" or (case.touches is not None and bool(case.touches.tokens))
+        if (case.touches is not None and case.touches.consumers) or kernel:
+            outcome = dataclasses.replace(outcome, touches=self.touch(case, views, raw, outcome, kernel))
         return outcome
+
+    def touch(self, case: Case, views: dict[str, Any], raw: list[torch.Tensor], outcome: Outcome, kernel: bool) -> dict[str, Any]:
+        """The case's consumers and (with `kernel`) the kernel probe, on this walk; never on views outside their buffers."""
+        if not _inside_buffers(outcome):
+            return {"skipped": "a view addresses bytes outside its raw buffer"}
+        assert self.walked is not None
+        config, attn_groups, kernel_block_sizes = self.walked
+        walk = Walk(case=case, config=config, attn_groups=attn_groups, kernel_block_sizes=kernel_block_sizes,
+                    manager_views=self.manager_views if self.manager_views is not None else views, bound_views=views, raw=raw,
+                    runners=self.walk_runners(), vllm_config=self.config)
+        touched: dict[str, Any] = {}
+        if case.touches is not None and case.touches.consumers:
+            touched["consumers"] = consumers.run(self.consumers, walk, case.touches)
+        if kernel:
+            touched["kernel"] = kernel_probe.run(walk, case.touches, self.mla_layer)
+        return touched
+
+    def walk_runners(self) -> tuple[str, ...]:
+        """The model runners whose own initialisation builds this adapter's views (fuzz/targets/consumers.py)."""
+        return ("v2",)
 
     def spec_facts(self, spec: Any) -> dict[str, Any]:
         """What vLLM's spec says about the page: its quant mode and its page before padding."""
@@ -649,6 +685,7 @@ class Adapter:
             check_derived_kernel_sizes(case, used)
 
         def views() -> tuple[dict[str, Any], list[torch.Tensor], dict[int, int]]:
+            self.walked, self.manager_views = (config, attn_groups, kernel_block_sizes), None
             made, raw = self.make_views(case, config, attn_groups, kernel_block_sizes, device)
             return made, raw, used
 
@@ -706,6 +743,23 @@ def check_derived_kernel_sizes(case: Case, used: dict[int, int]) -> None:
 
 def _obj(found: Any) -> Any:
     return None if found is None else found.obj
+
+
+def _inside_buffers(outcome: Outcome) -> bool:
+    """Whether every recorded view addresses only bytes of its raw buffer (a consumer run on any other would write wild)."""
+    for records in outcome.views.values():
+        for view in records:
+            if view.buffer < 0:
+                return False
+            low = high = view.offset_bytes
+            for size, stride in zip(view.shape, view.byte_strides, strict=True):
+                if size == 0:
+                    break
+                reach = (size - 1) * stride
+                low, high = (low + reach, high) if reach < 0 else (low, high + reach)
+            if low < 0 or high + view.element_size > outcome.buffers[view.buffer].size:
+                return False
+    return True
 
 
 def record_view(tensor: torch.Tensor, buffers: dict[int, int]) -> ViewRecord:

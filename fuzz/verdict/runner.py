@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import oracles
 from fuzz.case import Case
 from fuzz.targets.base import Execution, Outcome, Target
-from fuzz.verdict import probe
+from fuzz.verdict import probe, touch
 from fuzz.verdict.compare import PROCESS_FAILURES, Verdict, compare, spec_kind_of
 from fuzz.verdict.findings import Finding
 from fuzz.verdict.specs import check_specs
@@ -51,8 +51,12 @@ def judge(execution: Execution, target_contract: oracles.Contract) -> CaseResult
             layer = difference.split(":")[0]
             verdict = Verdict("finding", Finding("probe-mismatch", spec_kind_of(case, layer), "physical-probe", difference,
                                                  layer, case.is_latent))
+    if verdict.status == "pass" and execution.outcome.touches:
+        touched = touch.check(case, expectation, execution.outcome, lambda layer: spec_kind_of(case, layer))
+        if touched is not None:
+            verdict = Verdict("finding", touched)
     return CaseResult(case, verdict, expectation, execution.outcome)
 
 
-def run_case(target: Target, case: Case, device: str = "cpu", probe: bool = False) -> CaseResult:
+def run_case(target: Target, case: Case, device: str = "cpu", probe: bool | str = False) -> CaseResult:
     return judge(target.execute(case, case.device or device, probe=probe), target.info.contract)
