@@ -137,13 +137,15 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds the case may run on a release before it counts as a hang")
     bisect.add_argument("--jobs", type=_positive(int), default=max(1, min(4, os.cpu_count() or 1)), help="releases replayed at once")
     bisect.add_argument("--json", action="store_true", help="print the table as JSON")
-    selftest = sub.add_parser("selftest", help="a short physical-probe campaign on one device, as a table (the GPU check)")
+    selftest = sub.add_parser("selftest", help="a short probed campaign on one device, as a table (the GPU check)")
     target_options(selftest)
     selftest.add_argument("--max-time", type=_positive(float), default=60.0, help="seconds to fuzz (default 60)")
     selftest.add_argument("--max-cases", type=_positive(int), default=10**12)
     selftest.add_argument("--seed", type=int, default=0)
     selftest.add_argument("--corpus", type=Path, help="keep new findings here (default: a temporary folder)")
     selftest.add_argument("--no-synthetic", action="store_true")
+    selftest.add_argument("--probe", choices=("physical", "kernel"), default="physical",
+                          help="write every view (physical, default), or tokens through each backend's cache write with the consumers on")
 
     mutate = sub.add_parser("mutate", help="would kvfuzz catch a bug here? single-edit mutants of vLLM's layout functions, each fuzzed")
     target_options(mutate)

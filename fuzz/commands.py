@@ -263,7 +263,7 @@ def selftest(args: argparse.Namespace, out: TextIO) -> int:
     from fuzz.campaign.selftest import selftest as run_selftest
 
     return run_selftest(args.device, args.max_time, out, vllm=args.vllm, corpus=args.corpus, seed=args.seed, max_cases=args.max_cases,
-                        synthetic=not args.no_synthetic, case_timeout=args.case_timeout, max_memory=args.max_memory * MIB)
+                        synthetic=not args.no_synthetic, case_timeout=args.case_timeout, max_memory=args.max_memory * MIB, probe=args.probe)
 
 
 def shrink(args: argparse.Namespace, out: TextIO) -> int:
