@@ -638,10 +638,11 @@ class Adapter:
                     manager_views=self.manager_views if self.manager_views is not None else views, bound_views=views, raw=raw,
                     runners=self.walk_runners(), vllm_config=self.config)
         touched: dict[str, Any] = {}
-        if case.touches is not None and case.touches.consumers:
-            touched["consumers"] = consumers.run(self.consumers, walk, case.touches)
-        if kernel:
-            touched["kernel"] = kernel_probe.run(walk, case.touches, self.mla_layer)
+        with self.probe.get("set_current_vllm_config")(self.config):  # as the runner's own code runs: under the model's config
+            if case.touches is not None and case.touches.consumers:
+                touched["consumers"] = consumers.run(self.consumers, walk, case.touches)
+            if kernel:
+                touched["kernel"] = kernel_probe.run(walk, case.touches, self.mla_layer)
         return touched
 
     def walk_runners(self) -> tuple[str, ...]:

@@ -51,6 +51,7 @@ class Writer:
     mla: bool
     write: Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]  # (layer, cache, key, value, slots)
     where: str
+    impl: Any
 
 
 def run(walk: Walk, touches: Touches | None, mla_layer: type | None) -> dict[str, Any]:
@@ -121,11 +122,11 @@ def _writer(backend: type, group: GroupCase, walk: Walk) -> Writer:
     impl = _impl(impl_cls, group, walk)
     where = f"{impl_cls.__module__}.{impl_cls.__qualname__}.do_kv_cache_update"
     if params[:3] == ["layer", "key", "value"]:
-        return Writer(False, lambda layer, cache, key, value, slots: impl.do_kv_cache_update(layer, key, value, cache, slots), where)
+        return Writer(False, lambda layer, cache, key, value, slots: impl.do_kv_cache_update(layer, key, value, cache, slots), where, impl)
     if params[:2] == ["kv_c_normed", "k_pe"]:
         scale = torch.ones((), dtype=torch.float32, device=walk.device)
         return Writer(True, lambda layer, cache, key, value, slots: impl.do_kv_cache_update(key, value, cache, slots, spec.cache_dtype, scale),
-                      where)
+                      where, impl)
     raise Unusable(f"{where} takes ({', '.join(params)}), which kvfuzz does not know how to call")
 
 
@@ -143,18 +144,23 @@ def _globals_modules(function: Any) -> set[str]:
 
 
 def _impl(impl_cls: type, group: GroupCase, walk: Walk) -> Any:
-    """The backend's impl as a layer of this group has it: built without its constructor (which wants a whole
-    model), with the attributes its constructor sets from the layer's arguments."""
+    """The backend's impl as a layer of this group has it: from its constructor with the layer's arguments, or where the
+    constructor wants more of a model than kvfuzz builds (MLA impls, CPU attention), without it, with the attributes the
+    constructor sets from those arguments (an attribute the write then misses makes the layer a skip, see _probe_layer)."""
     spec = group.spec
-    impl = object.__new__(impl_cls)
     names = getattr(sys.modules.get(impl_cls.__module__), "AttentionType", None)  # the release's own, as the impl compares them
-    impl.num_heads = impl.num_kv_heads = spec.num_kv_heads
-    impl.head_size = spec.head_size
-    impl.kv_cache_dtype = spec.cache_dtype
     cross = spec.kind == "cross"
-    impl.attn_type = ("encoder_decoder" if cross else "decoder") if names is None else (names.ENCODER_DECODER if cross else names.DECODER)
-    impl.sliding_window = None
-    impl.kv_sharing_target_layer_name = None
+    attn_type = ("encoder_decoder" if cross else "decoder") if names is None else (names.ENCODER_DECODER if cross else names.DECODER)
+    arguments = {"num_heads": spec.num_kv_heads, "head_size": spec.head_size, "scale": spec.head_size ** -0.5, "num_kv_heads": spec.num_kv_heads,
+                 "alibi_slopes": None, "sliding_window": None, "kv_cache_dtype": spec.cache_dtype, "logits_soft_cap": None,
+                 "attn_type": attn_type, "kv_sharing_target_layer_name": None}
+    try:
+        parameters = inspect.signature(impl_cls).parameters
+        return impl_cls(**{name: value for name, value in arguments.items() if name in parameters})
+    except Exception:  # noqa: BLE001 - the constructor is not under test; the write is
+        impl = object.__new__(impl_cls)
+    for name in ("num_heads", "num_kv_heads", "head_size", "kv_cache_dtype", "attn_type", "sliding_window", "kv_sharing_target_layer_name"):
+        setattr(impl, name, arguments[name])
     impl._is_per_token_head_quant = False
     return impl
 
@@ -199,6 +205,8 @@ def _probe_layer(walk: Walk, group: GroupCase, layer: Any, writer: Writer, chose
             with triton_interp.launching(walk.device):
                 writer.write(layer, cache, *parts, torch.tensor([slot], dtype=torch.int64, device=walk.device))
         except Exception as error:  # noqa: BLE001 - vLLM's writer raising is data; kvfuzz's own errors propagate
+            if isinstance(error, AttributeError) and any(error.obj is stand_in for stand_in in (writer.impl, layer)):
+                return {"skipped": f"{writer.where} reads {error.name}, which kvfuzz's stand-in for the impl or layer does not have"}
             failure = vllm_failure(error)
             if failure is None:
                 raise
