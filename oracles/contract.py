@@ -320,10 +320,11 @@ def mamba_pool_hoists_blocks(shares_pool_with_mamba: bool) -> bool:
 @rule("vllm/v1/worker/utils.py KVBlockZeroer.__init__ (0.32): 'A segment's page spans everything inside its block, so under "
       "BHLNC it also covers the block's other layers -- safe, since block IDs are global pool indices and a newly allocated "
       "block owns its whole tile'; get_kv_cache_config_from_groups: 'Groups alias from byte 0. ... block-outer (the same packing "
-      "repeats for every block)'")
+      "repeats for every block)'; _get_layer_block_stride (0.32): 'A layer-outer block stride: the page padded to its alignment'")
 def block_owns_its_row(layout_placed: bool, layout: str) -> bool:
-    """A block id is one index into one pool: where a layout puts blocks outermost, block b owns its whole row of the
-    buffer (every layer's and group's page of block b, and the row's alignment tail)."""
+    """A block id is one index into one pool, and it owns its whole tile: where a layout puts blocks outermost, its whole
+    row of the buffer (every layer's and group's page of block b, and the row's alignment tail); elsewhere, in each layer,
+    its page with the alignment tail up to the next block's page."""
     return layout_placed and layout.startswith("B")
 
 
@@ -342,6 +343,15 @@ def zeroed_kinds(consumer: str) -> tuple[str, ...]:
     """The layers a zeroer clears block b in: KVBlockZeroer and 0.34's CPUKVBlockZeroer every attention layer that
     allocates a cache; the CPU runner's _zero_block_ids the full-attention layers it says it zeroes."""
     return FULL_ATTENTION_KINDS if consumer == "cpu-zero" else ALLOCATING_ATTENTION_KINDS
+
+
+@rule("vllm/v1/worker/utils.py _zero_kv_blocks_kernel: 'seg_addrs_ptr holds absolute byte addresses ... ptr = "
+      "tl.cast(seg_addr, tl.pointer_type(tl.int32))'; KVBlockZeroer.__init__: `assert block_stride_bytes % 4 == 0`, "
+      "`assert kernel_page_bytes % 4 == 0`, `assert (dp + off_bytes) % 4 == 0`")
+def zeroer_granule(consumer: str) -> int:
+    """KVBlockZeroer clears 4-byte words: it serves layouts whose pages, block pitches and page starts are whole words, and
+    refuses others (0.34's CPUKVBlockZeroer and the CPU runner zero through tensor views, any byte)."""
+    return 4 if consumer == "zeroer" else 1
 
 
 @rule("vllm/v1/worker/block_table.py BlockTable.compute_slot_mapping: 'E.g., [0, 1, 0, 1, 2, 3, 4, 0, 1, 2] -> [0, 0, K, K, "

@@ -6,8 +6,9 @@ occupy), with the few design choices of vLLM's that consumers depend on stated i
 oracles/contract.py. Never imports vLLM.
 
 - `owned(b)`   the element bytes of block b in the given layers (no padding, no gaps);
-- `tile(b)`    every byte block b owns: its pages in every layer (padding included), and in a
-               block-outermost layout the whole block row (a block id is one pool index);
+- `tile(b)`    every byte block b owns: its pages in every layer (padding and alignment tail
+               included), and in a block-outermost layout the whole block row (a block id is one
+               pool index);
 - `copy_map`   for a block copy src -> dst: each owned byte of dst and the byte of src it must hold;
 - `token_map`  where each element of token (b, p) of a layer lives, in a cache write's element
                order (K then V per head; an MLA latent then its rope part), and the bytes of its
@@ -77,11 +78,18 @@ def tile(case: Case, expected: Expectation, block: int) -> Bytes:
     whole block row (rules.block_owns_its_row)."""
     parts: list[Bytes] = []
     pitches = set()
-    for name in cache_layers(expected):
-        layer = expected.layers[name]
-        buffer = layer.views[0].buffer if layer.views else 0
-        parts.append(_spans(buffer, layer.pages.spans(block)))
-        pitches.add((buffer, layer.pages.block_pitch))
+    layers = [(expected.layers[name].views[0].buffer if expected.layers[name].views else 0, expected.layers[name].pages)
+              for name in cache_layers(expected)]
+    for buffer, rule in layers:
+        spans = rule.spans(block)
+        if len(spans) == 1:  # a page and its alignment tail, up to the next page any layer places for this or the next block
+            start, end = spans[0]
+            limit = start + max(rule.span_len, rule.block_pitch)
+            nexts = [s for other_buffer, other in layers if other_buffer == buffer
+                     for b in (block, block + 1) for s, _ in other.spans(b) if end <= s < limit]
+            spans = [(start, min([limit, *nexts]))]
+        parts.append(_spans(buffer, spans))
+        pitches.add((buffer, rule.block_pitch))
     if rules.block_owns_its_row(rules.CONTRACTS[expected.contract].layout_placed, case.layout):
         for buffer, pitch in pitches:
             parts.append(_spans(buffer, [(block * pitch, (block + 1) * pitch)]))
@@ -92,6 +100,18 @@ def zeroed_layers(case: Case, expected: Expectation, consumer: str) -> list[str]
     """The layers a zeroer must clear block b in: those of the spec kinds it zeroes (rules.zeroed_kinds)."""
     kinds = rules.zeroed_kinds(consumer)
     return [name for name in cache_layers(expected) if case.groups[expected.layers[name].group].spec.kind in kinds]
+
+
+def zeroer_serves(case: Case, expected: Expectation, consumer: str) -> bool:
+    """Whether every page the zeroer clears starts, ends and steps on its granule (rules.zeroer_granule)."""
+    granule = rules.zeroer_granule(consumer)
+    for name in zeroed_layers(case, expected, consumer):
+        rule, view = expected.layers[name].pages, expected.layers[name].views
+        steps = [rule.origin, rule.block_pitch, rule.span_len, *rule.span_starts, *(v.byte_offset for v in view),
+                 *(v.byte_strides[v.block_axis] for v in view)]
+        if any(step % granule for step in steps):
+            return False
+    return True
 
 
 def copy_map(expected: Expectation, layers: list[str], src: int, dst: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:

@@ -40,8 +40,6 @@ KERNEL_CANARY = 0xA5  # as a 16- or 32-bit word a negative number, so never an i
 ID_BASE = {torch.float16: 0x0400, torch.bfloat16: 0x0080, torch.float32: 0x0080_0000}
 ID_LIMIT = {torch.float16: 0x7C00, torch.bfloat16: 0x7F80, torch.float32: 0x7F80_0000}
 INT_OF = {2: torch.int16, 4: torch.int32}
-# Backend modules whose writers are Triton kernels: the kernels they launch, made runnable here.
-TRITON_WRITERS = {"vllm.v1.attention.ops.triton_reshape_and_cache_flash": ("reshape_and_cache_kernel_flash",)}
 PLAIN_CACHE = ("auto", "float16", "bfloat16", "float32")
 ROPE_DIMS = 64  # an MLA latent's rope part, as DeepSeek's models have it (the rest is the compressed latent)
 
@@ -112,10 +110,10 @@ def _writer(backend: type, group: GroupCase, walk: Walk) -> Writer:
     update = getattr(impl_cls, "do_kv_cache_update", None)
     if update is None:
         raise Unusable(f"{impl_cls.__name__} has no do_kv_cache_update (its cache write is inside forward)")
-    for module, kernels in TRITON_WRITERS.items():
-        if module in _globals_modules(update):
+    for module in _globals_modules(update):
+        if module.startswith("vllm.") and triton_interp.kernels_of(sys.modules[module]):
             try:
-                triton_interp.runnable(module, kernels)
+                triton_interp.runnable(module)  # the Triton kernels its launchers run
             except triton_interp.Unavailable as why:
                 raise Unusable(f"{impl_cls.__name__}.do_kv_cache_update: {why}") from None
     params = list(inspect.signature(update).parameters)[1:]
@@ -207,6 +205,9 @@ def _probe_layer(walk: Walk, group: GroupCase, layer: Any, writer: Writer, chose
         except Exception as error:  # noqa: BLE001 - vLLM's writer raising is data; kvfuzz's own errors propagate
             if isinstance(error, AttributeError) and any(error.obj is stand_in for stand_in in (writer.impl, layer)):
                 return {"skipped": f"{writer.where} reads {error.name}, which kvfuzz's stand-in for the impl or layer does not have"}
+            missing = _not_here(error)
+            if missing is not None:
+                return {"skipped": f"{writer.where}: {missing}"}
             failure = vllm_failure(error)
             if failure is None:
                 raise
@@ -217,6 +218,20 @@ def _probe_layer(walk: Walk, group: GroupCase, layer: Any, writer: Writer, chose
         written.append({"block": block, "position": position, "slot": slot, "landed": encode_bytes(landed.view(np.uint8)),
                         "stray": stray})
     return {"writer": writer.where, "mla": writer.mla, "tokens": written}
+
+
+def _not_here(error: Exception) -> str | None:
+    """Why a write cannot run on this build (an op it has no compiled kernel for, a name only another platform
+    imports), or None when the error is the write's own."""
+    if isinstance(error, AttributeError) and type(getattr(error, "obj", None)).__name__ == "_OpNamespace":
+        return f"the op {error.name} is not compiled into this build"
+    if isinstance(error, NameError):
+        return f"{error.name} is not imported on this platform"
+    if isinstance(error, ImportError):
+        return f"{error.name or error} does not import here"
+    if isinstance(error, TypeError) and str(error) == "'function' object is not subscriptable":
+        return "it launches a Triton kernel that is neither compiled nor interpretable here"
+    return None
 
 
 def _element_shapes(spec: Any, mla: bool) -> list[tuple[int, ...]]:

@@ -15,7 +15,9 @@ to size their tiles; on the CPU they get a fixed answer while they run (`launchi
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
+import re
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,11 +37,23 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def runnable(module_name: str, kernels: tuple[str, ...]) -> types.ModuleType:
-    """The vLLM module holding `kernels`, with each of them runnable here: left alone when Triton
-    compiled it, else re-jitted for the interpreter (once per process). Unavailable when neither works."""
+JIT = re.compile(r"^@(?:triton\.)?jit\b[^\n]*\n(?:@[^\n]*\n)*def\s+(\w+)", re.MULTILINE)
+
+
+def kernels_of(module: types.ModuleType) -> tuple[str, ...]:
+    """The functions a module decorates with @triton.jit, read from its source."""
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        return ()
+    return tuple(JIT.findall(source))
+
+
+def runnable(module_name: str, kernels: tuple[str, ...] | None = None) -> types.ModuleType:
+    """The vLLM module holding `kernels` (default: every @triton.jit function in it), with each of them runnable here:
+    left alone when Triton compiled it, else re-jitted for the interpreter (once per process). Unavailable when neither works."""
     module = importlib.import_module(module_name)
-    for name in kernels:
+    for name in kernels if kernels is not None else kernels_of(module):
         kernel = getattr(module, name, None)
         if kernel is None:
             raise Unavailable(f"{module_name} has no {name}")
