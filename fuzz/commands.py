@@ -143,7 +143,9 @@ def _print_summary(report: Any, data: dict[str, Any], out: TextIO) -> None:
     for finding in data["findings"]:
         latent = " (latent: synthetic backend)" if finding["latent"] else ""
         where = finding["case_file"] or f"NOT WRITTEN ({finding.get('note', '')}); the case: {json.dumps(finding.get('case'))}"
-        print(f"  NEW {finding['severity']} {finding['kind']}{latent}: {finding['signature']}\n      {where}", file=out)
+        shown = finding.get("variants") or {}
+        under = " / ".join(", ".join(shown.get(key, ())) or "-" for key in ("spec_kinds", "backends", "layouts"))
+        print(f"  NEW {finding['severity']} {finding['kind']}{latent}: {finding['signature']}\n      under {under}\n      {where}", file=out)
     kinds = Counter(f"{f['severity']} {f['kind']}" for f in data["findings"])
     if kinds:
         print("  findings by kind: " + ", ".join(f"{kind} {count}" for kind, count in sorted(kinds.items())), file=out)

@@ -84,7 +84,7 @@ def test_summary_names_each_failure_with_reproducer_explain_and_case():
     assert text.count("reruns in fresh processes: the same signature in 2 of 2") == 2 and ", `pass`" in text  # the flaky one
     assert text.index("| introduced |") < text.index("| pre-existing |") < text.index("| flaky |")
     # A signature's bars are escaped in the table only.
-    assert "crash-on-valid \\| full" in text and "#### `crash-on-valid | full" in text
+    assert "crash-on-valid \\| create_kv_cache_views" in text and "#### `crash-on-valid | create_kv_cache_views" in text
     assert "no new reproducible failure" in markdown(result_of(checked(PRE_EXISTING)))
 
 

@@ -21,6 +21,7 @@ it with an error in the report, after what was found is kept.
 from __future__ import annotations
 
 import hashlib
+import json
 import signal
 import time
 import uuid
@@ -38,7 +39,7 @@ from fuzz.corpus.minimize import shrink_finding
 from fuzz.errors import TargetError
 from fuzz.space import Rejected, draw_indexed
 from fuzz.targets.base import TargetInfo
-from fuzz.verdict.findings import PROCESS_KINDS, Finding, normalize
+from fuzz.verdict.findings import PROCESS_KINDS, Finding, normalize, observed, variants_of
 from fuzz.verdict.runner import run_case
 
 MIN_BATCH, MAX_BATCH = 8, 256
@@ -93,6 +94,8 @@ class Report:
     flaky: list[FlakyRecord] = field(default_factory=list)
     stopped_workers: int = 0  # workers busy when the campaign ended, stopped (their case in flight is not counted)
     error: str = ""  # why the campaign could not go on (stop_reason "error")
+    # Per bug (signature), the (spec kind, backend, layout) variants it showed under in this campaign.
+    variants: dict[str, set[tuple[str, ...]]] = field(default_factory=dict)
 
     @property
     def cases_per_s(self) -> float:
@@ -119,7 +122,8 @@ class Report:
             "stopped_workers": self.stopped_workers,
             "duplicates": self.duplicates,
             "findings": [
-                {**r.finding.to_dict(), "case_file": None if r.path is None else str(r.path), "case_index": r.index,
+                {**r.finding.to_dict(), "variants": variants_of(self.variants.get(r.finding.signature, {r.finding.variant})),
+                 "case_file": None if r.path is None else str(r.path), "case_index": r.index,
                  "cases_until_found": r.cases_until, "seconds_until_found": round(r.seconds_until, 3), "minimized": r.minimized,
                  **({"case": to_dict(r.case)} if r.path is None and r.case is not None else {}), **({"note": r.note} if r.note else {})}
                 for r in self.findings
@@ -202,6 +206,7 @@ class Campaign:
             except TargetError as error:
                 self._fail(self.report.error or str(error))
             signum = stop.requested()
+        self._record_variants()
         self.report.elapsed_s = time.monotonic() - self.start
         self.report.restarts = self.pool.restarts
         if self.report.error:
@@ -315,6 +320,8 @@ class Campaign:
             getattr(self.report, key).update(payload.get(key, {}))
         for item in payload.get("internal", ()):
             self._save_internal_error(item)
+        for signature, *variant in payload.get("variants", ()):
+            self.report.variants.setdefault(signature, set()).add(tuple(variant))
         mismatches = payload.get("mismatches", {})
         self.report.errors.update(mismatches)
         self._check_calls(payload["verdicts"], mismatches)
@@ -364,6 +371,7 @@ class Campaign:
             self.report.duplicates += 1
             return None
         self.known.add(finding.signature)
+        self.report.variants.setdefault(finding.signature, set()).add(finding.variant)
         record = FoundRecord(finding, None, index, index + 1, time.monotonic() - self.start, case=case, confirmed=confirmed)
         self._save(record, case, finding)
         self.report.findings.append(record)
@@ -392,8 +400,22 @@ class Campaign:
     def _replace(self, record: FoundRecord, small: Case, finding: Finding) -> None:
         self._save(record, small, finding, minimized=True)  # the small case's own finding: its layer, numbers and latency
 
+    def _record_variants(self) -> None:
+        """Each new bug's corpus file lists every variant the campaign met it under (found after the file was first written)."""
+        for record in self.report.findings:
+            if record.path is None or not record.path.exists():
+                continue
+            wanted = variants_of(self.report.variants.get(record.finding.signature, {record.finding.variant}))
+            try:
+                data = json.loads(record.path.read_text())
+                if data.get("variants") != wanted:
+                    corpus.write_atomic(record.path, {**data, "variants": wanted})
+            except (OSError, ValueError):
+                continue  # the file as first written still holds the finding
+
     def _meta(self, finding: Finding, minimized: bool, confirmed: bool) -> dict[str, Any]:
-        meta = {**finding.to_dict(), "vllm_version": self.info.vllm_version, "generation": self.info.generation,
+        meta = {**finding.to_dict(), "variants": variants_of(self.report.variants.get(finding.signature, {finding.variant})),
+                "vllm_version": self.info.vllm_version, "generation": self.info.generation,
                 "contract": self.info.contract.name, "minimized": minimized, "target": self.report.target["spec"]}
         if finding.kind in PROCESS_KINDS:
             meta["confirmed"] = confirmed  # an unconfirmed case is not a known signature (fuzz.corpus.store)
@@ -423,7 +445,7 @@ class Campaign:
             case = None
         record = None
         if case is not None:
-            finding = Finding(loss.kind, _kinds(case), "worker", loss.detail, None, case.is_latent)
+            finding = observed(case, loss.kind, "worker", loss.detail)
             record = self._record(finding, case, loss.index, task["batch"], confirmed=False)
         self.report.verdicts["finding"] += 1
         self._resume(loss.worker, task, loss.index)
@@ -514,10 +536,6 @@ class Campaign:
             raise
         if small != record.case:
             self._replace(record, small, smallest)
-
-
-def _kinds(case: Case) -> str:
-    return "+".join(sorted({g.spec.kind for g in case.groups}))
 
 
 __all__ = ["Campaign", "CampaignOptions", "FlakyRecord", "FoundRecord", "Report", "normalize"]

@@ -159,6 +159,7 @@ class Worker:
         self.conn = conn
         self.slot = slot
         self.known: set[str] = set()
+        self.variants: dict[str, set[tuple[str, ...]]] = {}  # per signature, the variants reported to the coordinator
         self.campaign: str | None = None
 
     def serve(self) -> None:
@@ -188,11 +189,12 @@ class Worker:
     def fuzz(self, task: dict[str, Any]) -> None:
         """Cases start .. start+count-1 of the campaign, each drawn from (seed, index) alone."""
         if task.get("campaign") != self.campaign:  # a worker outlives campaigns: forget the last one's findings
-            self.campaign, self.known = task.get("campaign"), set()
+            self.campaign, self.known, self.variants = task.get("campaign"), set(), {}
         self.known.update(task.get("known", ()))
         tallies: dict[str, Counter[str]] = {"verdicts": Counter(), "rejections": Counter(), "skips": Counter(), "errors": Counter(),
                                             "mismatches": Counter()}
         internal: dict[str, dict[str, Any]] = {}  # the first case of each kvfuzz error in this batch, saved by the coordinator
+        variants: list[list[str]] = []  # (signature, spec kind, backend, layout) of each bug's variants first met in this batch
         began = time.monotonic()
         # Shrinking a finding here stops when the campaign's time does (counted from receipt: clocks of other machines differ).
         shrink_until = began + task.get("shrink_seconds", 60.0)
@@ -239,12 +241,16 @@ class Worker:
             elif verdict.status == "skipped":
                 tallies["skips"][verdict.reason or ""] += 1
             finding = verdict.finding
+            if finding is not None and finding.variant not in self.variants.setdefault(finding.signature, set()):
+                self.variants[finding.signature].add(finding.variant)
+                variants.append([finding.signature, *finding.variant])
             if finding is not None and finding.signature not in self.known:
                 self.known.add(finding.signature)
                 self._report(batch, index, case, finding.to_dict(), device, shrink_until)
         self.slot.finish()
         protocol.send(self.conn, protocol.BATCH, {"batch": batch, "done": task["count"], "elapsed": time.monotonic() - began,
-                                                  "internal": list(internal.values()), **{k: dict(v) for k, v in tallies.items()}})
+                                                  "internal": list(internal.values()), "variants": variants,
+                                                  **{k: dict(v) for k, v in tallies.items()}})
 
     def _report(self, batch: int, index: int, case: Any, finding: dict[str, Any], device: str, shrink_until: float) -> None:
         """Hand a new finding to the coordinator, wait until it is on disk, then shrink it here."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.case import Case, CaseError, from_dict, to_dict
+from fuzz.verdict.findings import Finding
 
 
 @dataclass(frozen=True)
@@ -21,8 +22,11 @@ class Entry:
 
     @property
     def expected_signature(self) -> str | None:
-        """A finding kept as an expected failure of the releases it names."""
-        return self.meta.get("signature")
+        """A finding kept as an expected failure of the releases it names: its signature, derived from
+        the finding it records (so a file written before a change of the signature's form still counts)."""
+        if not {"kind", "function", "message"} <= self.meta.keys():
+            return self.meta.get("signature")
+        return Finding.from_dict({"spec_kind": "", **self.meta}).signature
 
     @property
     def affected_versions(self) -> list[str]:
@@ -72,7 +76,7 @@ def known_signatures(root: Path) -> set[str]:
     (`"confirmed": false`) is not one, so the next campaign checks it again."""
     if not root.exists():
         return set()
-    return {e.meta["signature"] for e in entries(root) if "signature" in e.meta and e.meta.get("confirmed") is not False}
+    return {signature for e in entries(root) if (signature := e.expected_signature) and e.meta.get("confirmed") is not False}
 
 
 def expected_signatures(found: Iterable[Entry], version: str) -> frozenset[str]:

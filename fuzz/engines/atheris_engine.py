@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fuzz import SOURCE_ROOT
-from fuzz.case import Case
 from fuzz.corpus import store as corpus
 from fuzz.engines.atheris_child import finding_meta, instrument_modules, modules_under_test
 from fuzz.engines.atheris_report import build_report, gather_records, minimize_records, print_summary
@@ -54,7 +53,7 @@ from fuzz.engines.provider import InputSlot, ProviderSource, SlotState, case_fro
 from fuzz.errors import TargetError, UsageError
 from fuzz.targets.base import TargetInfo
 from fuzz.targets.releases import TargetSource, resolve, worker_environment
-from fuzz.verdict.findings import Finding
+from fuzz.verdict.findings import observed
 
 START_TIMEOUT = 300.0
 PROGRESS_INTERVAL = 10.0
@@ -62,11 +61,6 @@ DEFAULT_TARGET = "fuzz.targets:load_local"
 
 
 # ---------------------------------------------------------------------------------- the run
-
-
-def _spec_kinds(case: Case) -> str:
-    """The case's spec kinds, as a process finding's signature names them."""
-    return "+".join(sorted({g.spec.kind for g in case.groups}))
 
 
 def run_atheris(source: TargetSource | str, *, device: str, max_time: float, seed: int, corpus_dir: Path, synthetic: bool = True,
@@ -266,7 +260,7 @@ def _on_crash(state: RunState, child: Attempt, returncode: int, watchdog: bool) 
     case = case_from_bytes(data, state.info, state.options["synthetic"])
     if case is None:
         return
-    finding = Finding(kind, _spec_kinds(case), "worker", detail, None, case.is_latent)
+    finding = observed(case, kind, "worker", detail)
     if finding.signature in state.known:
         state.duplicates += 1
         return

@@ -27,7 +27,7 @@ import numpy as np
 
 from fuzz.case import Case
 from fuzz.targets.base import TARGET_CRASHED, TARGET_HUNG, TARGET_OUT_OF_MEMORY, Outcome, ViewRecord
-from fuzz.verdict.findings import Finding
+from fuzz.verdict.findings import Finding, observed
 from oracles.expectation import Expectation, LayerExpectation, ViewExpectation
 from oracles.strided import Strided, Undecidable, inside, is_injective, same_bytes, touches
 
@@ -52,10 +52,8 @@ Found = Callable[..., Verdict]
 
 
 def compare(case: Case, expected: Expectation, outcome: Outcome) -> Verdict:
-    latent = case.is_latent
-
     def found(kind: str, function: str, message: str, layer: str | None = None) -> Verdict:
-        return Verdict("finding", Finding(kind, spec_kind_of(case, layer), function, message, layer, latent))
+        return Verdict("finding", observed(case, kind, function, message, layer))
 
     if expected.broken_declaration is not None:
         function, message = expected.broken_declaration
@@ -104,14 +102,6 @@ def _judge_error(expected: Expectation, outcome: Outcome, found: Found) -> Verdi
         return Verdict("rejected", reason=f"{expected.reject_reason} (vLLM: {message})")
     kind = "assert-on-invalid" if outcome.error_type == ASSERTION else "crash-on-invalid"
     return found(kind, function, message, outcome.error_layer or expected.reject_layer)
-
-
-def spec_kind_of(case: Case, layer: str | None) -> str:
-    if layer is not None:
-        owner = dict(case.kv_sharing).get(layer, layer)
-        if owner in case.layer_names:
-            return case.groups[case.group_of(owner)].spec.kind
-    return "+".join(sorted({g.spec.kind for g in case.groups}))
 
 
 def _geometry(view: ViewRecord) -> tuple[object, ...]:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from fuzz.case import Case
 
 KINDS = (
     "crash-signal",
@@ -89,17 +92,28 @@ def normalize(message: str) -> str:
 
 @dataclass(frozen=True)
 class Finding:
+    """One thing vLLM did wrong on one case. The signature names the bug (what went wrong, where, and
+    how vLLM said it); the spec kind, backend and layout it showed under are the variant, and
+    one bug met under several variants is still one finding."""
+
     kind: str
     spec_kind: str
     function: str
     message: str
     layer: str | None = None
     latent: bool = False
+    backend: str | None = None
+    layout: str | None = None
 
     @property
     def signature(self) -> str:
-        """kind | spec kind | function | message without numbers."""
-        return " | ".join((self.kind, self.spec_kind, self.function, normalize(self.message)))
+        """kind | function | message without numbers (the error type leads an exception's message)."""
+        return " | ".join((self.kind, self.function, normalize(self.message)))
+
+    @property
+    def variant(self) -> tuple[str, str, str]:
+        """Where this occurrence showed: (spec kind, backend, layout)."""
+        return self.spec_kind, self.backend or "-", self.layout or "-"
 
     @property
     def severity(self) -> str:
@@ -111,7 +125,8 @@ class Finding:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Finding:
-        return cls(data["kind"], data["spec_kind"], data["function"], data["message"], data.get("layer"), bool(data.get("latent")))
+        return cls(data["kind"], data["spec_kind"], data["function"], data["message"], data.get("layer"), bool(data.get("latent")),
+                   data.get("backend"), data.get("layout"))
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -121,7 +136,26 @@ class Finding:
             "message": self.message,
             "layer": self.layer,
             "latent": self.latent,
+            "backend": self.backend,
+            "layout": self.layout,
             "severity": self.severity,
             "signature": self.signature,
             "signature_id": self.signature_id,
         }
+
+
+def observed(case: Case, kind: str, function: str, message: str, layer: str | None = None) -> Finding:
+    """A finding on `case`, with the variant it shows under: the spec kind and backend of `layer`'s
+    group (of every group when no layer is named) and the case's layout."""
+    owner = dict(case.kv_sharing).get(layer, layer) if layer is not None else None
+    groups = [case.groups[case.group_of(owner)]] if owner in case.layer_names else list(case.groups)
+    spec_kind = "+".join(sorted({g.spec.kind for g in groups}))
+    backend = "+".join(sorted({g.backend_name for g in groups if g.spec.kind != "mamba"})) or "-"
+    return Finding(kind, spec_kind, function, message, layer, case.is_latent, backend, case.layout)
+
+
+def variants_of(found: Iterable[Finding | tuple[str, str, str]]) -> dict[str, list[str]]:
+    """The spec kinds, backends and layouts a bug showed under, each sorted (what a report and a corpus file list)."""
+    triples = [f.variant if isinstance(f, Finding) else tuple(f) for f in found]
+    return {"spec_kinds": sorted({t[0] for t in triples}), "backends": sorted({t[1] for t in triples} - {"-"}),
+            "layouts": sorted({t[2] for t in triples} - {"-"})}

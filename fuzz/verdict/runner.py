@@ -8,8 +8,8 @@ import oracles
 from fuzz.case import Case
 from fuzz.targets.base import Execution, Outcome, Target
 from fuzz.verdict import probe, touch
-from fuzz.verdict.compare import PROCESS_FAILURES, Verdict, compare, spec_kind_of
-from fuzz.verdict.findings import Finding
+from fuzz.verdict.compare import PROCESS_FAILURES, Verdict, compare
+from fuzz.verdict.findings import observed
 from fuzz.verdict.specs import check_specs
 from oracles.expectation import Expectation
 
@@ -31,7 +31,7 @@ def judge(execution: Execution, target_contract: oracles.Contract) -> CaseResult
         return CaseResult(case, Verdict("case-error", reason=execution.case_error))
     if execution.declaration is not None:
         function, message, layer = execution.declaration
-        finding = Finding("declaration", spec_kind_of(case, layer), function, message, layer, case.is_latent)
+        finding = observed(case, "declaration", function, message, layer)
         return CaseResult(case, Verdict("finding", finding))
     assert execution.outcome is not None
     failure = PROCESS_FAILURES.get(execution.outcome.error_type or "")
@@ -39,8 +39,7 @@ def judge(execution: Execution, target_contract: oracles.Contract) -> CaseResult
         # The process died, hung or ran out of memory: the case may never have been declared, and
         # no expectation is needed to say so.
         outcome = execution.outcome
-        finding = Finding(failure, spec_kind_of(case, outcome.error_layer), outcome.error_function or "?", outcome.error_message or "",
-                          outcome.error_layer, case.is_latent)
+        finding = observed(case, failure, outcome.error_function or "?", outcome.error_message or "", outcome.error_layer)
         return CaseResult(case, Verdict("finding", finding), None, outcome)
     expectation = oracles.expect(case, target_contract)
     mismatch = check_specs(case, execution.outcome)
@@ -49,10 +48,9 @@ def judge(execution: Execution, target_contract: oracles.Contract) -> CaseResult
         difference = probe.check(expectation, execution.outcome)
         if difference is not None:
             layer = difference.split(":")[0]
-            verdict = Verdict("finding", Finding("probe-mismatch", spec_kind_of(case, layer), "physical-probe", difference,
-                                                 layer, case.is_latent))
+            verdict = Verdict("finding", observed(case, "probe-mismatch", "physical-probe", difference, layer))
     if verdict.status == "pass" and execution.outcome.touches:
-        touched = touch.check(case, expectation, execution.outcome, lambda layer: spec_kind_of(case, layer))
+        touched = touch.check(case, expectation, execution.outcome)
         if touched is not None:
             verdict = Verdict("finding", touched)
     return CaseResult(case, verdict, expectation, execution.outcome)

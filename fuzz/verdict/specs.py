@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from fuzz.case import Case
 from fuzz.targets.base import Outcome
-from fuzz.verdict.findings import Finding
+from fuzz.verdict.findings import Finding, observed
 from oracles import pages
 
 
@@ -30,11 +30,10 @@ def check_specs(case: Case, outcome: Outcome) -> Finding | None:
         mode = facts.get("kv_quant_mode")
         if mode is not None and mode != spec.kv_quant_mode:
             # The mode comes from the dtype alone (vLLM's lookup), whatever the spec class: one signature.
-            return Finding("spec-mismatch", "attention", "get_kv_quant_mode", f"{dtype}: kv_quant_mode {mode} instead of {spec.kv_quant_mode}",
-                           layer, case.is_latent)
+            return observed(case, "spec-mismatch", "get_kv_quant_mode", f"{dtype}: kv_quant_mode {mode} instead of {spec.kv_quant_mode}", layer)
         page = facts.get("page_bytes")
         defined = pages.defined_unpadded_bytes(spec)
         if page is not None and defined is not None and page != defined:
-            return Finding("spec-mismatch", spec.kind, "kv_cache_spec", f"{dtype}: a page of {page} bytes before padding instead of {defined}",
-                           layer, case.is_latent)
+            message = f"{dtype}: a page of {page} bytes before padding instead of {defined}"
+            return observed(case, "spec-mismatch", "kv_cache_spec", message, layer)
     return None

@@ -27,21 +27,21 @@ import numpy as np
 from fuzz.case import Case
 from fuzz.targets.base import Outcome, decode_bytes
 from fuzz.targets.readback import pattern_bytes
-from fuzz.verdict.findings import Finding
+from fuzz.verdict.findings import Finding, observed
 from oracles import touch
 from oracles.expectation import Expectation
 
 Found = Callable[..., Finding]
 
 
-def check(case: Case, expected: Expectation, outcome: Outcome, spec_kind: Callable[[str | None], str]) -> Finding | None:
+def check(case: Case, expected: Expectation, outcome: Outcome) -> Finding | None:
     """The first thing a consumer or cache write did wrong, or None."""
     touched = outcome.touches
     if not touched:
         return None
 
     def found(kind: str, function: str, message: str, layer: str | None = None) -> Finding:
-        return Finding(kind, spec_kind(layer), function, message, layer, case.is_latent)
+        return observed(case, kind, function, message, layer)
 
     buffers = _buffer_map(expected, outcome)
     for name, record in touched.get("consumers", {}).items():
