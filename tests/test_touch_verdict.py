@@ -31,7 +31,7 @@ def judge(case: Case, touches: dict) -> verdict.Finding | None:
     views = {name: tuple(ViewRecord(v.shape, tuple(s // v.element_size for s in v.byte_strides), v.byte_offset, v.dtype, v.element_size, 0)
                          for v in layer.views) for name, layer in expected.layers.items()}
     outcome = Outcome(views=views, buffers=(BufferRecord(6 * PAGE, ("l0", "l1")),), touches=touches)
-    return verdict.check(case, expected, outcome, lambda layer: "full")
+    return verdict.check(case, expected, outcome)
 
 
 def block(layer: int, index: int) -> list[int]:
