@@ -187,7 +187,9 @@ def _axes(group: GroupCase, ndim: int) -> list[str] | None:
             axes.append({1: "D", 2: "C"}.get(factor, "?"))
         else:
             axes.append(symbol if factor == 1 else "?")
-    if "?" in axes or len(axes) != ndim:
+    if "?" in axes or len(axes) != ndim or any(axes.count(axis) > 1 for axis in axes if axis != "1"):
+        return None  # a shape whose sizes coincide (heads and head size both 2) reads back ambiguously
+    if not group.spec.is_mla and "H" not in axes and group.spec.num_kv_heads > 1:
         return None
     if "D" in axes and "KV" not in axes:
         axes[axes.index("D")] = "C"  # one vector per slot (MLA)

@@ -131,3 +131,14 @@ def test_cpu_attention_interiors_are_its_own():
     assert tokens is not None and tokens.offsets is None
     # LBHNC: a head's run of a 32-token block is 32 * 256 = 8192 bytes.
     assert np.array_equal(tokens.head_bytes[1], np.arange(8192, 16384))
+
+
+@pytest.mark.parametrize("shape", [("B", "T", 2, 2), ("B", 2, "T", "2*D")])
+def test_token_map_refuses_a_shape_it_cannot_read_as_heads(shape):
+    # Sizes that coincide (2 heads, K + V of 2 dims) leave two axes read as K/V; a 2-head cache with no head axis
+    # cannot say where head 1 lives. Either way the oracle says nothing rather than guess.
+    backend = SyntheticBackend("nhd", (16,), shape=shape)
+    c = case("NHD", layers=1, backend=backend, head_size=1)
+    expected = oracles.expect(c, SHAPED_022)
+    assert expected.accepted and expected.layers["l0"].views  # a cache the views rules accept: only the token map abstains
+    assert touch.token_map(c, expected, "l0", 0, 0, mla=False) is None
