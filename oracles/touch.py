@@ -103,12 +103,13 @@ def zeroed_layers(case: Case, expected: Expectation, consumer: str) -> list[str]
 
 
 def zeroer_serves(case: Case, expected: Expectation, consumer: str) -> bool:
-    """Whether every page the zeroer clears starts, ends and steps on its granule (rules.zeroer_granule)."""
+    """Whether every page the zeroer clears starts, ends and steps on its granule (rules.zeroer_granule); a padded page's
+    content too (the zeroer measures a page by the elements it holds)."""
     granule = rules.zeroer_granule(consumer)
     for name in zeroed_layers(case, expected, consumer):
         rule, view = expected.layers[name].pages, expected.layers[name].views
-        steps = [rule.origin, rule.block_pitch, rule.span_len, *rule.span_starts, *(v.byte_offset for v in view),
-                 *(v.byte_strides[v.block_axis] for v in view)]
+        steps = [rule.origin, rule.block_pitch, rule.span_len, min(rule.pad_start, rule.span_len), *rule.span_starts,
+                 *(v.byte_offset for v in view), *(v.byte_strides[v.block_axis] for v in view)]
         if any(step % granule for step in steps):
             return False
     return True

@@ -149,3 +149,15 @@ def test_a_raising_consumer_or_writer_is_a_crash(kind, expect):
               else {"consumers": {"zeroer": {"kind": "zero", "where": WHERE, "error": error}}})
     found = judge(two_layers(), record)
     assert found is not None and found.kind == expect and found.function == "do_kv_cache_update"
+
+
+def test_a_zeroer_refusing_pages_off_its_word_granule_is_no_finding():
+    # KVBlockZeroer clears 4-byte words and asserts that pages are whole words: an MLA cache of one bfloat16 per
+    # token and 1-token blocks has 2-byte pages (padded or not), which it refuses by design; 4-byte pages it must serve.
+    error = {"type": "AssertionError", "message": "", "function": "__init__", "file": "v1/worker/utils.py", "line": 196}
+    record = {"consumers": {"zeroer": {"kind": "zero", "where": WHERE, "error": error}}}
+    for head_size, padded, expect in ((1, None, None), (1, 4096, None), (2, None, "crash-on-valid")):
+        spec = SpecCase(kind="mla", block_size=1, num_kv_heads=1, head_size=head_size, page_size_padded=padded)
+        case = Case(groups=(GroupCase(spec=spec, layers=("l0", "l1"), backend="TRITON_MLA", kernel_block_size=1),), num_blocks=3)
+        found = judge(case, record)
+        assert (found.kind if found else None) == expect

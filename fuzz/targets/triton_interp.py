@@ -9,7 +9,8 @@ memory: pointers are host addresses, so a kernel writes the CPU tensors it is gi
 works natively (a GPU box) the kernels are real JIT functions already and are used as they are.
 
 The one thing patched besides: launchers written for CUDA ask `torch.cuda.get_device_capability`
-to size their tiles; on the CPU they get a fixed answer while they run (`launching`).
+(or vLLM's platform) to size their tiles or gate a dtype; on the CPU they get a fixed answer while
+they run (`launching`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -75,9 +77,25 @@ def launching(device: torch.device) -> Iterator[None]:
     original = torch.cuda.get_device_capability
     torch.cuda.get_device_capability = lambda *args, **kwargs: CPU_CAPABILITY  # type: ignore[assignment]
     try:
-        yield
+        with _platform_capability():
+            yield
     finally:
         torch.cuda.get_device_capability = original  # type: ignore[assignment]
+
+
+@contextmanager
+def _platform_capability() -> Iterator[None]:
+    """vLLM's platform answers CPU_CAPABILITY too: launchers gate dtypes on it (0.33's reshape-and-cache wants SM80 for a
+    bfloat16 cache), and the CPU platform has none."""
+    try:
+        from vllm.platforms import current_platform
+        from vllm.platforms.interface import DeviceCapability
+    except ImportError:
+        yield
+        return
+    answer = classmethod(lambda cls, device_id=0: DeviceCapability(*CPU_CAPABILITY))
+    with mock.patch.object(type(current_platform), "get_device_capability", answer):
+        yield
 
 
 def _is_jitted(kernel: Any) -> bool:
