@@ -110,8 +110,8 @@ def _writer(backend: type, group: GroupCase, walk: Walk) -> Writer:
     update = getattr(impl_cls, "do_kv_cache_update", None)
     if update is None:
         raise Unusable(f"{impl_cls.__name__} has no do_kv_cache_update (its cache write is inside forward)")
-    if spec.head_size_v not in (None, spec.head_size) and "head_size_v" not in _source(sys.modules[backend.__module__]):
-        raise Unusable(f"{backend.get_name()} never reads head_size_v: K and V heads of different sizes are not a cache it writes")
+    if spec.head_size_v not in (None, spec.head_size) and "head_size_v" not in _source(impl_cls):
+        raise Unusable(f"{impl_cls.__name__} never reads head_size_v: K and V heads of different sizes are not a cache it writes")
     for module in _globals_modules(update):
         if module.startswith("vllm.") and triton_interp.kernels_of(sys.modules[module]):
             try:
@@ -130,9 +130,9 @@ def _writer(backend: type, group: GroupCase, walk: Walk) -> Writer:
     raise Unusable(f"{where} takes ({', '.join(params)}), which kvfuzz does not know how to call")
 
 
-def _source(module: Any) -> str:
+def _source(code: Any) -> str:
     try:
-        return inspect.getsource(module)
+        return inspect.getsource(code)
     except (OSError, TypeError):
         return "head_size_v"  # no source to read: the write itself shows whether it can
     
