@@ -110,8 +110,10 @@ def _writer(backend: type, group: GroupCase, walk: Walk) -> Writer:
     update = getattr(impl_cls, "do_kv_cache_update", None)
     if update is None:
         raise Unusable(f"{impl_cls.__name__} has no do_kv_cache_update (its cache write is inside forward)")
-    if spec.head_size_v not in (None, spec.head_size) and "head_size_v" not in _source(impl_cls):
-        raise Unusable(f"{impl_cls.__name__} never reads head_size_v: K and V heads of different sizes are not a cache it writes")
+    if spec.head_size_v not in (None, spec.head_size) and "head_size_v" not in _source(update):
+        # TRITON_ATTN, FLASH_ATTN and FLEX_ATTENTION split the cache by head_size; the DiffKV backends write K and V apart.
+        raise Unusable(f"{impl_cls.__name__}.do_kv_cache_update never names head_size_v: K and V heads of different sizes "
+                       "are not a cache it writes")
     for module in _globals_modules(update):
         if module.startswith("vllm.") and triton_interp.kernels_of(sys.modules[module]):
             try:
