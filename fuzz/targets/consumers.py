@@ -326,7 +326,7 @@ def _offload(probe: Probe) -> Consumer | None:
             if hasattr(module, "derive_canonical_mappings"):
                 # Canonical pages for tensor-parallel peers: no part of the regions, and it needs a model config.
                 stack.enter_context(mock.patch.object(module, "derive_canonical_mappings", lambda *args, **kwargs: {}))
-            worker.register_kv_caches(dict(walk.manager_views))
+            worker.register_kv_caches(with_sharers(walk))
         if len(captured) != 1:
             raise Unusable(f"{found.where}.register_kv_caches handed over {len(captured)} sets of regions, kvfuzz expects one")
         selected = group_ids(walk.config) if group_ids is not None else range(len(walk.config.kv_cache_groups))
@@ -334,6 +334,16 @@ def _offload(probe: Probe) -> Consumer | None:
         return {"layers": layers, "blocks": _region_rows(captured[0], walk, touches.blocks)}
 
     return Consumer("offload", "region", found.where + ".register_kv_caches", runners_calling(r"\bregister_kv_caches\("), run_offload)
+
+
+def with_sharers(walk: Walk) -> dict[str, Any]:
+    """The runner's caches as connectors get them: a KV-sharing layer maps to its target's cache (vllm/v1/worker/gpu/attn_utils.py
+    and GPUModelRunner.initialize_kv_cache_tensors: `kv_caches[layer_name] = kv_caches[target_layer_name]`)."""
+    caches = dict(walk.manager_views)
+    for sharer, target in walk.case.kv_sharing:
+        if target in caches:
+            caches.setdefault(sharer, caches[target])
+    return caches
 
 
 def _region_rows(canonical: Any, walk: Walk, blocks: tuple[int, ...]) -> list[dict[str, Any]]:
