@@ -53,6 +53,7 @@ LAYOUTS = KV_CACHE_LAYOUTS + LEGACY_LAYOUTS
 # One layout under each release's name: vLLM documents NHD as LBNHC and HND as LBHNC (the
 # legacy aliases VLLM_KV_CACHE_LAYOUT accepts from 0.29, vllm/config/cache.py).
 LAYOUT_EQUIVALENTS = {"NHD": "LBNHC", "HND": "LBHNC"}
+SYNTHETIC_PREFIX = "synthetic:"  # a synthetic backend's name in reports and variants
 
 
 def layout_as(layout: str, offered: tuple[str, ...]) -> str | None:
@@ -156,6 +157,22 @@ class SyntheticBackend:
     shape: tuple[int | str, ...] | None = None
     stride_order: tuple[int, ...] | None = None
 
+    @property
+    def registered_name(self) -> str:
+        """The name the backend class kvfuzz registers in vLLM gives (its `get_name()`)."""
+        return registered_name(self.name)
+
+
+def registered_name(synthetic_name: str) -> str:
+    return "SYNTHETIC_" + synthetic_name.upper()
+
+
+def names_in_messages(backend_name: str) -> tuple[str, ...]:
+    """The names a group's backend (`GroupCase.backend_name`) goes by in vLLM's messages."""
+    if backend_name.startswith(SYNTHETIC_PREFIX):
+        return backend_name, registered_name(backend_name[len(SYNTHETIC_PREFIX):])
+    return (backend_name,)
+
 
 @dataclass(frozen=True)
 class GroupCase:
@@ -174,7 +191,7 @@ class GroupCase:
     @property
     def backend_name(self) -> str:
         if self.synthetic_backend is not None:
-            return "synthetic:" + self.synthetic_backend.name
+            return SYNTHETIC_PREFIX + self.synthetic_backend.name
         return self.backend or "none"
 
 

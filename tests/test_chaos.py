@@ -31,7 +31,7 @@ from fuzz.case import Case, GroupCase, SpecCase
 from fuzz.corpus.store import entries, known_signatures, save_finding
 from fuzz.errors import TargetError
 from fuzz.targets.base import TARGET_CRASHED, Execution, Outcome
-from fuzz.targets.calls import entry_parameters
+from fuzz.targets.entry_points import signature_parameters
 from fuzz.verdict.findings import PROCESS_KINDS
 from fuzz.verdict.runner import judge
 from oracles.contract import SHAPED_022
@@ -141,9 +141,9 @@ def test_entry_parameters_are_read_through_wrappers_and_a_signature_less_one_is_
     def bare(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         return _reshape_kv_cache(*args, **kwargs)
 
-    assert entry_parameters(wrapped, "_reshape_kv_cache") == ["attn_groups", "kv_cache_raw_tensors", "cache_dtype"]
+    assert signature_parameters(wrapped, "_reshape_kv_cache", "0.23.0") == (("attn_groups", "kv_cache_raw_tensors", "cache_dtype"), False)
     with pytest.raises(TargetError) as error:
-        entry_parameters(bare, "_reshape_kv_cache")
+        signature_parameters(bare, "_reshape_kv_cache", "0.23.0")
     message = str(error.value)
     assert "_reshape_kv_cache(*args, **kwargs)" in message and "\n" not in message
 

@@ -29,6 +29,22 @@ def test_the_same_error_under_other_spec_kinds_backends_and_layouts_is_one_bug()
     assert variants_of([first, second]) == {"spec_kinds": ["full", "mla"], "backends": ["A", "synthetic:beta"], "layouts": ["BLNHC", "LBNHC"]}
 
 
+def test_a_refusal_naming_its_backend_is_one_bug_on_every_backend():
+    case = two_groups()
+    on_a = observed(case, "refused-valid", "map", "ValueError: A needs 64-token kernel blocks; A_MLA is fine", "g0.l0")
+    on_beta = observed(case, "refused-valid", "map", "ValueError: synthetic:beta needs 32-token kernel blocks; A_MLA is fine", "g1.l0")
+    assert on_a.signature == on_beta.signature == "refused-valid | map | ValueError: <name> needs #-token kernel blocks; <name> is fine"
+    registered = observed(case, "refused-valid", "map", "ValueError: SYNTHETIC_BETA needs 8-token kernel blocks; A_MLA is fine", "g1.l0")
+    assert registered.signature == on_a.signature, "a synthetic backend goes by its registered name in vLLM's messages"
+
+
+def test_an_assertion_naming_the_layout_is_one_bug_on_every_layout():
+    texts = {layout: f"AssertionError: padding needs L, B outside the tail; got {layout} (LBNHC works)" for layout in ("BHLNC", "LHBNC")}
+    found = [observed(two_groups(layout), "assert-on-invalid", "strides", text, "g0.l0") for layout, text in texts.items()]
+    expected = "assert-on-invalid | strides | AssertionError: padding needs L, B outside the tail; got <layout> (LBNHC works)"
+    assert {f.signature for f in found} == {expected}
+
+
 def test_a_finding_on_no_particular_layer_names_every_group():
     finding = observed(two_groups(), "hang", "worker", "no answer within 60 s")
     assert finding.variant == ("full+mla", "A+synthetic:beta", "BLNHC")

@@ -124,3 +124,35 @@ def test_every_mutant_of_the_layer_shape_function_dies(tmp_path):
     report = json.loads(out.getvalue())
     assert report["totals"]["killed"] >= 6, report["mutants"]
     assert report["totals"]["survived"] == report["totals"]["unreached"] == 0, [m for m in report["mutants"] if m["status"] != "killed"]
+
+
+def test_each_listed_equivalent_mutant_is_a_mutant_of_its_release():
+    """fuzz/mutate/equivalent.json names mutants by id: each id is one the operators make on the named
+    function of the named release, with the edit the file shows (so no stale id silently excuses a survivor)."""
+    from fuzz.mutate.session import EQUIVALENT_FILE
+    from tests.chaos_trees import installed_vllm
+
+    vllm = pytest.importorskip("vllm")
+    listed = json.loads(EQUIVALENT_FILE.read_text())
+    mine = [entry for entry in listed.values() if entry["release"] == vllm.__version__.split("+")[0]]
+    assert mine, "no listed mutant of the installed release"
+    for mutant_id, entry in listed.items():
+        path, qualname = entry["function"].split("::")
+        if entry["release"] != vllm.__version__.split("+")[0]:
+            continue  # another release's mutant: its id is checked where that release is installed
+        root = installed_vllm()
+        made = {m.id: m for m in mutants_of((root / path).read_text(), path, qualname)}
+        assert mutant_id in made and made[mutant_id].edit == entry["edit"] and entry["reason"], (mutant_id, entry)
+
+
+def test_every_process_of_a_session_imports_the_release_under_test_or_its_mutant(tmp_path):
+    """The reach pass and the baseline import the release itself; a mutant's process its copy, never both."""
+    from fuzz.mutate.session import _python_env
+    from fuzz.targets.releases import TargetSource
+
+    release = TargetSource("0.23.0", "release", "0.23.0", tmp_path / "0.23.0")
+    paths = _python_env(release)["PYTHONPATH"].split(":")
+    assert paths[0] == str(tmp_path / "0.23.0")
+    mutant = _python_env(release, tmp_path / "mutant")["PYTHONPATH"].split(":")
+    assert mutant[0] == str(tmp_path / "mutant") and str(tmp_path / "0.23.0") not in mutant
+    assert str(tmp_path) not in _python_env(TargetSource("installed", "installed", None, None))["PYTHONPATH"]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from fuzz.cli import _parser
+from tests.test_entry_points import checkout_of_installed
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -31,6 +32,7 @@ NOT_RUN = {
     "kvfuzz bisect": "replays the case on every release: minutes",
     "kvfuzz bench": "measures for minutes",
 }
+CHECKOUT = "/path/to/vllm"
 STARTUP_SECONDS = 40.0  # a campaign still running this long after it started has accepted its options and target
 
 
@@ -138,6 +140,8 @@ def test_readme_command_runs(command, tmp_path):
     (tmp_path / "corpus").symlink_to(REPO / "corpus")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
     argv = argv_of(command)
+    if CHECKOUT in argv:  # a maintainer's clone: the installed vLLM laid out as one
+        argv[argv.index(CHECKOUT)] = str(checkout_of_installed(tmp_path / "vllm"))
     if argv[0] == "run" and "--corpus" not in argv:
         argv += ["--corpus", str(tmp_path / "findings")]  # README's runs write to corpus/findings: not the repository's
     process = subprocess.Popen([sys.executable, "-m", "fuzz.cli", *argv], cwd=tmp_path, env=env, stdout=subprocess.PIPE,

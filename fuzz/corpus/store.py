@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.case import Case, CaseError, from_dict, to_dict
-from fuzz.verdict.findings import Finding
+from fuzz.verdict.findings import Finding, observed
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,8 @@ class Entry:
         the finding it records (so a file written before a change of the signature's form still counts)."""
         if not {"kind", "function", "message"} <= self.meta.keys():
             return self.meta.get("signature")
+        if "backend" not in self.meta:  # kept before findings named their variant: the case names it
+            return observed(self.case, self.meta["kind"], self.meta["function"], self.meta["message"], self.meta.get("layer")).signature
         return Finding.from_dict({"spec_kind": "", **self.meta}).signature
 
     @property

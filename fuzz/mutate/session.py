@@ -9,7 +9,7 @@
 4. confirmation: every such finding's case is replayed on the unmutated tree; one that fails
    there the same way was a baseline miss, not a kill.
 Outcomes: killed, survived, unreached, stillborn (the tree does not import), equivalent (listed
-in corpus/mutants/equivalent.json with the reason no case can show it). Each result is appended
+in fuzz/mutate/equivalent.json with the reason no case can show it). Each result is appended
 to the session file as it comes, so a rerun with the same file resumes where it stopped.
 """
 
@@ -30,12 +30,13 @@ from typing import Any
 
 from fuzz import SOURCE_ROOT
 from fuzz.campaign import stop
+from fuzz.errors import TargetError
 from fuzz.mutate.functions import Function, layout_functions
 from fuzz.mutate.operators import Mutant, mutants_of
 from fuzz.mutate.tree import copy_package, mutant_tree, tree_root
 from fuzz.targets.releases import TargetSource, worker_environment
 
-EQUIVALENT_FILE = SOURCE_ROOT / "corpus" / "mutants" / "equivalent.json"
+EQUIVALENT_FILE = Path(__file__).with_name("equivalent.json")
 START_MARGIN_S = 180.0  # a mutant process may take this long beyond its budget (vLLM import, shrinking) before it is killed
 STATUSES = ("killed", "survived", "unreached", "stillborn", "equivalent")
 
@@ -144,6 +145,8 @@ def _record(session: Session, result: MutantResult) -> None:
 def _python_env(source: TargetSource, tree: Path | None = None) -> dict[str, str]:
     """The environment of a process that imports `source`'s vLLM, or the copy of it at `tree`."""
     env = worker_environment(source)
+    if tree is None:
+        tree = source.python_path  # None for the installed vLLM: nothing goes before the venv's
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(source.python_path)]
     env["PYTHONPATH"] = os.pathsep.join([*([str(tree)] if tree is not None else []), *parts, str(SOURCE_ROOT)])
     return env
@@ -155,11 +158,14 @@ def _reach(source: TargetSource, root: Path, functions: list[Function], options:
               "max_cases": 10**9, "synthetic": options.synthetic, "device": options.device}
     config_path, out = work / "reach.json", work / "reached.json"
     config_path.write_text(json.dumps(config))
-    process = subprocess.Popen([sys.executable, "-m", "fuzz.mutate.reach", str(config_path), str(out)], env=_python_env(source),
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    _wait(process, config["seconds"] + START_MARGIN_S)
+    log = work / "reach.log"
+    with open(log, "w") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "fuzz.mutate.reach", str(config_path), str(out)], env=_python_env(source),
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+        _wait(process, config["seconds"] + START_MARGIN_S)
     if not out.exists():
-        raise RuntimeError("tracing the unmutated tree failed before any case ran")
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        raise TargetError(f"--vllm {source.spec}: tracing the unmutated tree failed before any case ran: {(lines or ['no output'])[-1][:300]}")
     data = json.loads(out.read_text())
     return {path: set(lines) for path, lines in data["lines"].items()}, data["cases"]
 

@@ -14,11 +14,8 @@ from __future__ import annotations
 import inspect
 import os
 import re
-from collections.abc import Callable
 from types import FrameType, ModuleType
 from typing import Any
-
-from fuzz.errors import TargetError
 
 TARGETS = os.path.dirname(os.path.realpath(__file__))
 # CPython's messages for arguments that do not bind: "f() got an unexpected keyword argument 'x'", ...
@@ -26,14 +23,10 @@ _BINDING = re.compile(r"^(?P<function>[\w.<>]+)\(\) (got an unexpected keyword a
                       r"got multiple values for argument|got some positional-only)")
 
 
-def entry_parameters(function: Callable[..., Any], name: str) -> list[str]:
-    """The named parameters of a vLLM entry point, read through its wrappers."""
-    signature = inspect.signature(inspect.unwrap(function))
-    named = [p.name for p in signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if not named:
-        raise TargetError(f"cannot tell which vLLM API generation {name}{signature} belongs to: a wrapper hides its parameters "
-                          "(functools.wraps keeps them)")
-    return named
+def hidden_parameters(name: str, signature: inspect.Signature) -> str:
+    """The error for an entry point whose signature, even unwrapped, is only *args / **kwargs."""
+    return (f"cannot tell which vLLM API generation {name}{signature} belongs to: a wrapper hides its parameters "
+            "(functools.wraps keeps them); kvfuzz will not guess how to call it")
 
 
 def call_mismatch(error: BaseException) -> str | None:

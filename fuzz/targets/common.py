@@ -496,7 +496,7 @@ class Adapter:
             if key not in self._synthetic:
                 sizes = [self.multiple_of(int(s[1:])) if isinstance(s, str) else s for s in key.kernel_block_sizes]
                 namespace = {
-                    "get_name": staticmethod(lambda: "SYNTHETIC_" + key.name.upper()),
+                    "get_name": staticmethod(lambda: key.registered_name),
                     "get_supported_kernel_block_sizes": classmethod(lambda cls, spec=None: list(sizes)),
                     **self.synthetic_namespace(key),
                 }

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.errors import TargetError
+from fuzz.targets.calls import hidden_parameters
 
 # Packages searched by source when an entry point is not in any of its usual modules.
 SEARCHED_PACKAGES = ("vllm.v1", "vllm.model_executor", "vllm.config", "vllm.models")
@@ -182,7 +183,7 @@ class Probe:
             return True
         if not callable(obj):
             return False
-        parameters, forwards = _signature_parameters(obj, where, self.version)
+        parameters, forwards = signature_parameters(obj, where, self.version)
         if forwards and wanted.exact:
             raise TargetError(f"vLLM {self.version}: {where} forwards *args/**kwargs (even unwrapped) and its parameters decide how "
                               "kvfuzz calls it; kvfuzz will not guess")
@@ -231,7 +232,7 @@ def _module_files(package: str, root: Path) -> Iterator[tuple[str, Path]]:
         yield ".".join((package, *parts)), path
 
 
-def _signature_parameters(obj: Any, where: str, version: str) -> tuple[tuple[str, ...], bool]:
+def signature_parameters(obj: Any, where: str, version: str) -> tuple[tuple[str, ...], bool]:
     """The named parameters of a function (through its decorators) and whether it also forwards
     *args / **kwargs; TargetError when the signature says nothing (only *args / **kwargs), since
     kvfuzz must never guess a generation."""
@@ -241,7 +242,7 @@ def _signature_parameters(obj: Any, where: str, version: str) -> tuple[tuple[str
         raise TargetError(f"vLLM {version}: cannot read the signature of {where}; kvfuzz will not guess how to call it") from None
     named = tuple(p.name for p in signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
     if not named and signature.parameters:
-        raise TargetError(f"vLLM {version}: {where} takes only *args/**kwargs (even unwrapped); kvfuzz will not guess how to call it")
+        raise TargetError(f"vLLM {version}: {hidden_parameters(where, signature)}")
     return named, len(named) != len(signature.parameters)
 
 

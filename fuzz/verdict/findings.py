@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fuzz.case import Case
+from fuzz.case import Case, names_in_messages
 
 KINDS = (
     "crash-signal",
@@ -82,11 +82,21 @@ SEVERITIES = ("warning", "error")
 SEVERITY = {kind: "warning" if kind in ("refused-valid", "assert-on-invalid") else "error" for kind in KINDS}
 
 _NUMBERS = re.compile(r"\d+")
+_CONSTANT = re.compile(r"(?<![\w:<])[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+(?![\w:>])")
 
 
-def normalize(message: str) -> str:
-    """The message with numbers and object addresses stripped, so one bug has one signature."""
+def normalize(message: str, backends: Iterable[str] = (), layout: str | None = None) -> str:
+    """The message as a template: numbers, object addresses, constant names (backends, environment
+    variables, enum members: `FLASH_ATTN`, `VLLM_KV_CACHE_LAYOUT`), the variant's own backend and
+    layout stripped, so one bug has one signature (a refusal that names the backend or layout it
+    refuses is one refusal on every backend and layout)."""
     text = re.sub(r"0x[0-9a-fA-F]+", "#", message)
+    names = {name: "<name>" for backend in set(backends) - {"", "-"} for name in names_in_messages(backend)}
+    if layout:
+        names[layout] = "<layout>"
+    for name in sorted(names, key=len, reverse=True):
+        text = re.sub(rf"(?<![\w:]){re.escape(name)}(?![\w:])", names[name], text)
+    text = _CONSTANT.sub("<name>", text)
     return _NUMBERS.sub("#", text).strip()
 
 
@@ -108,7 +118,7 @@ class Finding:
     @property
     def signature(self) -> str:
         """kind | function | message without numbers (the error type leads an exception's message)."""
-        return " | ".join((self.kind, self.function, normalize(self.message)))
+        return " | ".join((self.kind, self.function, normalize(self.message, (self.backend or "").split("+"), self.layout)))
 
     @property
     def variant(self) -> tuple[str, str, str]:
