@@ -209,6 +209,28 @@ class GroupCase:
 
 
 @dataclass(frozen=True)
+class Touches:
+    """What the code that addresses KV blocks by bytes is asked on a case (fuzz/targets/consumers.py
+    and kernel_probe.py): which consumers run, the manager blocks they zero or map, the block
+    copies (source, destination), and the tokens the kernel probe writes, each (manager block,
+    position in the block; taken modulo each group's block size)."""
+
+    consumers: tuple[str, ...] = ()
+    blocks: tuple[int, ...] = ()
+    copies: tuple[tuple[int, int], ...] = ()
+    tokens: tuple[tuple[int, int], ...] = ()
+
+    def within(self, num_blocks: int) -> Touches:
+        """Only what names blocks below `num_blocks` (a case shrunk to fewer blocks keeps the rest)."""
+        return Touches(consumers=self.consumers, blocks=tuple(b for b in self.blocks if b < num_blocks),
+                       copies=tuple(c for c in self.copies if max(c) < num_blocks), tokens=tuple(t for t in self.tokens if t[0] < num_blocks))
+
+    @property
+    def size(self) -> int:
+        return len(self.consumers) + len(self.blocks) + len(self.copies) + len(self.tokens)
+
+
+@dataclass(frozen=True)
 class Case:
     groups: tuple[GroupCase, ...]
     num_blocks: int
@@ -219,6 +241,7 @@ class Case:
     spec_source: str = "case"
     packing: str = "none"
     schema: int = SCHEMA_VERSION
+    touches: Touches | None = None
 
     @property
     def layer_names(self) -> list[str]:
@@ -263,6 +286,8 @@ def to_dict(case: Case) -> dict[str, Any]:
     for name, default in CASE_OPTION_DEFAULTS.items():
         if data[name] == default:
             del data[name]
+    if case.touches is None:
+        del data["touches"]  # cases without consumers keep the JSON (and content hash) they always had
     return data
 
 
@@ -288,6 +313,7 @@ def from_dict(data: Any) -> Case:
         kv_sharing=tuple(sorted(sharing.items())),
         device=data.get("device"),
         **{name: data.get(name, default) for name, default in CASE_OPTION_DEFAULTS.items()},
+        touches=_touches_from_dict(data.get("touches"), "touches"),
     )
     validate(case)
     return case
@@ -352,6 +378,31 @@ def validate(case: Case) -> None:
     for sharer, target in case.kv_sharing:
         _expect(sharer not in seen, "kv_sharing", f"sharing layer {sharer!r} must not own a cache")
         _expect(target in seen, "kv_sharing", f"target {target!r} of {sharer!r} is not a layer of any group")
+    if case.touches is not None:
+        _validate_touches(case.touches, case.num_blocks)
+
+
+def _validate_touches(touches: Touches, num_blocks: int) -> None:
+    blocks = [*touches.blocks, *(b for pair in touches.copies for b in pair), *(b for b, _ in touches.tokens)]
+    _expect(all(0 <= b < num_blocks for b in blocks), "touches", f"names a block outside 0..{num_blocks - 1}")
+    _expect(all(src != dst for src, dst in touches.copies), "touches.copies", "a block is copied onto itself")
+    _expect(all(position >= 0 for _, position in touches.tokens), "touches.tokens", "positions must be >= 0")
+
+
+def _touches_from_dict(data: Any, where: str) -> Touches | None:
+    if data is None:
+        return None
+    _expect(isinstance(data, dict), where, "must be an object")
+    _known_keys(data, Touches, where)
+    try:
+        return Touches(
+            consumers=tuple(str(c) for c in data.get("consumers", ())),
+            blocks=tuple(_int(b, f"{where}.blocks", minimum=0) for b in data.get("blocks", ())),
+            copies=tuple((_int(s, f"{where}.copies", minimum=0), _int(d, f"{where}.copies", minimum=0)) for s, d in data.get("copies", ())),
+            tokens=tuple((_int(b, f"{where}.tokens", minimum=0), _int(p, f"{where}.tokens", minimum=0)) for b, p in data.get("tokens", ())),
+        )
+    except (TypeError, ValueError):
+        raise CaseError(f"{where}: copies and tokens are lists of integer pairs") from None
 
 
 def _validate_spec(spec: SpecCase, where: str) -> None:
@@ -476,6 +527,7 @@ __all__ = [
     "GroupCase",
     "SpecCase",
     "SyntheticBackend",
+    "Touches",
     "dumps",
     "from_dict",
     "load",

@@ -21,6 +21,9 @@ from typing import Any, TextIO
 
 from fuzz.errors import KvfuzzError
 
+PROBES = ("metadata", "physical", "kernel")
+CONSUMERS_EVERY = 8  # consumers cost ten to fifty metadata cases each; every 8th case keeps a campaign within about 2x
+
 
 def _device(value: str) -> str:
     if value == "auto":
@@ -43,6 +46,16 @@ def _positive(kind: type) -> object:
         return number
 
     return parse
+
+
+def _nonnegative_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be 0 or more")
+    return number
 
 
 def _workers(value: str) -> int | str:
@@ -79,8 +92,13 @@ def _parser() -> argparse.ArgumentParser:
                      help="run the workers on a Ray cluster: the one running here (else a new local one), "
                           "or the one at ADDRESS (pip install 'kvfuzz[ray]')")
     run.add_argument("--no-synthetic", action="store_true", help="draw only vLLM's own backends")
-    run.add_argument("--probe", choices=("metadata", "physical"), default="metadata", help="compare view metadata, or bytes on the device")
+    run.add_argument("--probe", choices=PROBES, default="metadata",
+                     help="compare view metadata; also write every view's bytes on the device (physical); or write tokens through "
+                          "each backend's own cache write and check where they land (kernel)")
     run.add_argument("--probe-every", type=_positive(int), help="with --probe metadata, probe every K-th case physically")
+    run.add_argument("--consumers-every", type=_nonnegative_int, default=CONSUMERS_EVERY, metavar="K",
+                     help="run the code that addresses KV blocks by bytes (block zeroers, block copy, connector regions) on every "
+                          f"K-th case; 0: never (default {CONSUMERS_EVERY})")
     run.add_argument("--scale", choices=("small", "production"), default="small",
                      help="small buffers, or production block counts and geometry (metadata on the meta device)")
     run.add_argument("--max-buffer-bytes", type=_positive(int), default=1 << 30, help="production scale with --probe physical: largest buffer")
@@ -95,14 +113,14 @@ def _parser() -> argparse.ArgumentParser:
     target_options(replay)
     replay.add_argument("path", type=Path, nargs="?", help="a case file or a folder of them")
     replay.add_argument("--builtin-corpus", action="store_true", help="replay the corpus shipped with kvfuzz instead of PATH")
-    replay.add_argument("--probe", choices=("metadata", "physical"), default="metadata")
+    replay.add_argument("--probe", choices=PROBES, default="metadata")
     replay.add_argument("--shrink-into", type=Path, help="minimize every unexpected finding and save it in this corpus folder")
 
     explain = sub.add_parser("explain", help="expected and actual layout of one case")
     target_options(explain)
     explain.add_argument("case", type=Path)
     explain.add_argument("--json", action="store_true", help="print both layouts as JSON")
-    explain.add_argument("--probe", choices=("metadata", "physical"), default="metadata")
+    explain.add_argument("--probe", choices=PROBES, default="metadata")
     explain.add_argument("--png", type=Path, help="also draw the raw buffers as a byte map, expected beside actual")
 
     shrink = sub.add_parser("minimize", help="shrink a failing case while it keeps its signature")
@@ -119,13 +137,15 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds the case may run on a release before it counts as a hang")
     bisect.add_argument("--jobs", type=_positive(int), default=max(1, min(4, os.cpu_count() or 1)), help="releases replayed at once")
     bisect.add_argument("--json", action="store_true", help="print the table as JSON")
-    selftest = sub.add_parser("selftest", help="a short physical-probe campaign on one device, as a table (the GPU check)")
+    selftest = sub.add_parser("selftest", help="a short probed campaign on one device, as a table (the GPU check)")
     target_options(selftest)
     selftest.add_argument("--max-time", type=_positive(float), default=60.0, help="seconds to fuzz (default 60)")
     selftest.add_argument("--max-cases", type=_positive(int), default=10**12)
     selftest.add_argument("--seed", type=int, default=0)
     selftest.add_argument("--corpus", type=Path, help="keep new findings here (default: a temporary folder)")
     selftest.add_argument("--no-synthetic", action="store_true")
+    selftest.add_argument("--probe", choices=("physical", "kernel"), default="physical",
+                          help="write every view (physical, default), or tokens through each backend's cache write with the consumers on")
 
     mutate = sub.add_parser("mutate", help="would kvfuzz catch a bug here? single-edit mutants of vLLM's layout functions, each fuzzed")
     target_options(mutate)

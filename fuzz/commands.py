@@ -82,12 +82,13 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError("--ray goes with the default engine")
     if args.engine == "atheris":
         return _run_atheris(args, out)
-    if args.probe_every and args.probe == "physical":
-        raise UsageError("--probe-every goes with --probe metadata (physical probes every case already)")
+    if args.probe_every and args.probe != "metadata":
+        raise UsageError(f"--probe-every goes with --probe metadata (--probe {args.probe} probes every case already)")
     _check_writable(args.corpus)
     options = CampaignOptions(device=args.device, max_time=args.max_time, max_cases=args.max_cases, seed=args.seed,
                               corpus_dir=args.corpus, synthetic=not args.no_synthetic,
-                              probe_every=1 if args.probe == "physical" else (args.probe_every or 0),
+                              probe_every=1 if args.probe != "metadata" else (args.probe_every or 0),
+                              probe_kind="kernel" if args.probe == "kernel" else "physical", consumers_every=args.consumers_every,
                               scale=args.scale, max_buffer_bytes=args.max_buffer_bytes, deadline=deadline)
     report = Report(target={"spec": args.vllm, "label": args.vllm, "vllm_version": "?", "generation": "?", "contract": "?"})
     with stop.handling():
@@ -204,7 +205,7 @@ def replay(args: argparse.Namespace, out: TextIO) -> int:
         target = RemoteTarget(pool)
         known = expected_signatures(found, target.info.vllm_version)
         for entry in found:
-            outcome = replay_entry(target, entry, args.device, probe=args.probe == "physical", known=known)
+            outcome = replay_entry(target, entry, args.device, probe=args.probe, known=known)
             failures += outcome.status == "unexpected"
             print(f"{outcome.status:10} {entry.path}  {outcome.detail}", file=out)
             if outcome.finding is not None and args.shrink_into:
@@ -250,7 +251,7 @@ def explain(args: argparse.Namespace, out: TextIO) -> int:
     case = load(args.case)
     with open_pool(args) as pool:
         target = RemoteTarget(pool)
-        result = run_case(target, case, args.device, probe=args.probe == "physical")
+        result = run_case(target, case, args.device, probe=args.probe)
     print(json.dumps(describe(result, target), indent=1) if args.json else render(result, target), file=out)
     if args.png:
         from fuzz.explain.picture import draw
@@ -264,7 +265,7 @@ def selftest(args: argparse.Namespace, out: TextIO) -> int:
     from fuzz.campaign.selftest import selftest as run_selftest
 
     return run_selftest(args.device, args.max_time, out, vllm=args.vllm, corpus=args.corpus, seed=args.seed, max_cases=args.max_cases,
-                        synthetic=not args.no_synthetic, case_timeout=args.case_timeout, max_memory=args.max_memory * MIB)
+                        synthetic=not args.no_synthetic, case_timeout=args.case_timeout, max_memory=args.max_memory * MIB, probe=args.probe)
 
 
 def shrink(args: argparse.Namespace, out: TextIO) -> int:

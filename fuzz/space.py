@@ -20,13 +20,14 @@ Sources: `RandomSource` (the campaign's fast path), `fuzz.strategies.HypothesisS
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import random
 from collections.abc import Sequence
 from typing import NoReturn, Protocol, TypeVar
 
 import oracles
-from fuzz.case import DTYPE_SIZES, MLA_KINDS, PACKINGS, RUNNERS, WINDOWED_KINDS, Case, GroupCase, SpecCase, SyntheticBackend, replace
+from fuzz.case import DTYPE_SIZES, MLA_KINDS, PACKINGS, RUNNERS, WINDOWED_KINDS, Case, GroupCase, SpecCase, SyntheticBackend, Touches, replace
 from fuzz.targets.base import BackendInfo, TargetInfo
 from oracles import dtypes, pages
 
@@ -177,13 +178,13 @@ def case_seed(campaign_seed: int, index: int) -> int:
 
 
 def draw_indexed(info: TargetInfo, campaign_seed: int, index: int, synthetic: bool = True, attempts: int = 50,
-                 scale: str = "small") -> Case:
+                 scale: str = "small", touches: bool = False) -> Case:
     """Case `index` of a campaign: deterministic for a given target, seed and index."""
     rng = random.Random(case_seed(campaign_seed, index))
     source = RandomSource(rng)
     for _ in range(attempts):
         try:
-            return draw_case(source, info, synthetic=synthetic, scale=scale)
+            return draw_case(source, info, synthetic=synthetic, scale=scale, touches=touches)
         except Rejected:
             continue
     raise Rejected(f"no valid case in {attempts} attempts for index {index}")
@@ -198,7 +199,9 @@ def _ordered(items: tuple[str, ...], order: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(items, key=lambda x: order.index(x) if x in order else len(order)))
 
 
-def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_groups: int = 3, scale: str = "small") -> Case:
+def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_groups: int = 3, scale: str = "small",
+              touches: bool = False) -> Case:
+    """A case; with `touches`, also what the consumers and the kernel probe are asked on it (drawn last)."""
     shaped = not info.contract.layout_placed
     production = scale == "production"
     kinds = ordered([k for k in info.spec_kinds if k != "mamba"], KIND_ORDER)
@@ -259,7 +262,11 @@ def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_grou
     if not source.chance(KEEP_REJECTED) and not oracles.expect(case, info.contract).accepted:
         source.reject()
     # Drawn last, so the rest of a case depends on (seed, index) as it did before these options existed.
-    return _with_options(source, info, case)
+    case = _with_options(source, info, case)
+    if not touches:
+        return case
+    # Drawn after them, so the layout a seed draws does not depend on them (campaigns keep them on some cases only: for_run).
+    return dataclasses.replace(case, touches=_touches(source, info, case))
 
 
 def _with_options(source: Source, info: TargetInfo, case: Case) -> Case:
@@ -299,6 +306,35 @@ def layer_reason(case: Case, info: TargetInfo) -> str | None:
                 or spec.model_version is not None or spec.rope_dim is not None or spec.topk_buffer_width is not None or spec.is_draft:
             return "field spec_source: the layer kvfuzz builds states no padding, alignment, compression or model-specific fields"
     return None
+
+
+def _touches(source: Source, info: TargetInfo, case: Case) -> Touches:
+    """The consumers the case runs (each the target has, at least one), the blocks they zero and map, one block copy,
+    and one to three tokens for the kernel probe, positions biased to a block's first and last token."""
+    consumers = tuple(name for name in info.consumers if source.chance(50))
+    if info.consumers and not consumers:
+        consumers = (source.choice(info.consumers),)
+    last = case.num_blocks - 1
+    blocks = tuple(sorted({source.integer(0, last) for _ in range(source.integer(1, 2))}))
+    copies: tuple[tuple[int, int], ...] = ()
+    if last > 0:
+        src = source.integer(0, last)
+        copies = ((src, (src + source.integer(1, last)) % case.num_blocks),)
+    size = case.groups[0].spec.block_size
+    tokens = tuple(sorted({(source.integer(0, last), source.choice((0, size - 1, source.integer(0, size - 1))))
+                           for _ in range(source.integer(1, 3))}))
+    return Touches(consumers=consumers, blocks=blocks, copies=copies, tokens=tokens)
+
+
+def for_run(case: Case, consumers: bool, kernel: bool) -> Case:
+    """The case as a campaign runs it: its consumers only on the cases that run them, its tokens only with the kernel probe."""
+    touches = case.touches
+    if touches is None:
+        return case
+    kept = dataclasses.replace(touches, consumers=touches.consumers if consumers else (), tokens=touches.tokens if kernel else ())
+    if not kept.consumers:
+        kept = dataclasses.replace(kept, blocks=(), copies=())
+    return dataclasses.replace(case, touches=kept if kept.size else None)
 
 
 def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, layer_count: int, synthetic: bool, shaped: bool,
@@ -571,4 +607,4 @@ def buffer_bytes(case: Case) -> int:
 
 
 __all__ = ["DTYPE_SIZES", "RandomSource", "Rejected", "Source", "accepts", "buffer_bytes", "case_seed", "choose_kernel_block_size", "draw_case",
-           "draw_indexed", "layer_reason", "unrealistic"]
+           "draw_indexed", "for_run", "layer_reason", "unrealistic"]

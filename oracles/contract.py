@@ -415,3 +415,68 @@ def packed_page(splits: bool) -> str | None:
     if splits and not splits_in_place(False):
         return "a block packed into a slab with other layers' pages cannot be split into kernel blocks"
     return None
+# --- code that addresses blocks by bytes beyond the views (oracles/touch.py)
+
+
+@rule("vllm/v1/worker/utils.py KVBlockZeroer.__init__ (0.32): 'A segment's page spans everything inside its block, so under "
+      "BHLNC it also covers the block's other layers -- safe, since block IDs are global pool indices and a newly allocated "
+      "block owns its whole tile'; get_kv_cache_config_from_groups: 'Groups alias from byte 0. ... block-outer (the same packing "
+      "repeats for every block)'; _get_layer_block_stride (0.32): 'A layer-outer block stride: the page padded to its alignment'")
+def block_owns_its_row(layout_placed: bool, layout: str) -> bool:
+    """A block id is one index into one pool, and it owns its whole tile: where a layout puts blocks outermost, its whole
+    row of the buffer (every layer's and group's page of block b, and the row's alignment tail); elsewhere, in each layer,
+    its page with the alignment tail up to the next block's page."""
+    return layout_placed and layout.startswith("B")
+
+
+# Spec kinds of the layers that allocate a KV cache and attend to the whole context, by their meaning.
+ALLOCATING_ATTENTION_KINDS = ("full", "sliding_window", "chunked_local", "sink", "cross", "mla", "sliding_window_mla")
+FULL_ATTENTION_KINDS = ("full", "sink", "mla")
+
+
+@rule("vllm/v1/worker/utils.py KVBlockZeroer (0.19.1+): 'Only AttentionSpec layers are processed; Mamba layers are skipped.'; "
+      "PR #51749 'Generalize KV block zeroing to AttentionSpec': 'Encoder-only attention allocates no KV cache; other registered "
+      "allocating attention specs implement this same contract' (the zeroer 'only processed full-attention groups. Recycled FP8 "
+      "sliding-window pages could therefore retain stale data'); vllm/v1/worker/cpu_model_runner.py _zero_block_ids (0.25+): "
+      "'Zero full-attention blocks to prevent stale data corruption on partial writes'; vllm/v1/worker/cpu/utils.py "
+      "CPUKVBlockZeroer(KVBlockZeroer) (0.34): 'Zero newly allocated logical KV blocks through their tensor views'")
+def zeroed_kinds(consumer: str) -> tuple[str, ...]:
+    """The layers a zeroer clears block b in: KVBlockZeroer and 0.34's CPUKVBlockZeroer every attention layer that
+    allocates a cache; the CPU runner's _zero_block_ids the full-attention layers it says it zeroes."""
+    return FULL_ATTENTION_KINDS if consumer == "cpu-zero" else ALLOCATING_ATTENTION_KINDS
+
+
+@rule("vllm/v1/worker/utils.py _zero_kv_blocks_kernel: 'seg_addrs_ptr holds absolute byte addresses ... ptr = "
+      "tl.cast(seg_addr, tl.pointer_type(tl.int32))'; KVBlockZeroer.__init__: `assert block_stride_bytes % 4 == 0`, "
+      "`assert kernel_page_bytes % 4 == 0`, `assert (dp + off_bytes) % 4 == 0`")
+def zeroer_granule(consumer: str) -> int:
+    """KVBlockZeroer clears 4-byte words: it serves layouts whose pages, block pitches and page starts are whole words, and
+    refuses others (0.34's CPUKVBlockZeroer and the CPU runner zero through tensor views, any byte)."""
+    return 4 if consumer == "zeroer" else 1
+
+
+@rule("vllm/v1/worker/block_table.py BlockTable.compute_slot_mapping: 'E.g., [0, 1, 0, 1, 2, 3, 4, 0, 1, 2] -> [0, 0, K, K, "
+      "K + 1, K + 1, K + 2, 2 * K, 2 * K, 2 * K + 1]' (slot = block number * block size + offset); map_to_kernel_blocks: "
+      "'kernel_block_ids = kv_manager_block_id * blocks_per_kv_block + kernel_block_arange'")
+def token_slot(block: int, position: int, block_size: int) -> int:
+    """The slot a cache write gets for token `position` of manager block `block`: kernel block b * ratio + position //
+    kernel size, times the kernel size, plus position % kernel size, which is b * block_size + position."""
+    return block * block_size + position
+
+
+@rule("vllm/v1/kv_cache_interface.py AttentionSpec / vllm test tests/v1/worker/test_attn_utils.py: 'Content dim packs K and V: "
+      "2 * head_size'; vllm/_custom_ops.py concat_and_cache_mla and vllm/v1/attention/backends/mla/cpu_mla.py do_kv_cache_update: "
+      "`flat[slots, :kv_lora_rank] = kv_c_normed`, `flat[slots, kv_lora_rank:] = k_pe`; MLAAttentionSpec (0.28+): 'MLA stores a "
+      "single latent vector per state'")
+def content_order(mla: bool) -> tuple[str, ...]:
+    """What a state's content holds, in order: a head's K then its V; for MLA one vector, the latent then its rope part."""
+    return ("latent", "rope") if mla else ("K", "V")
+
+
+@rule("vllm/v1/attention/backends/cpu_attn.py CPUAttentionBackend.supported_kv_cache_layouts: 'The CPU backend only reads "
+      "head-major block interiors'; do_kv_cache_update: '[num_blocks, num_kv_heads, block_size, 2 * head_size]. Make a view "
+      "[num_blocks, num_kv_heads, block_size * 2, head_size]' (K rows, then V rows; the kernels keep their own order inside)")
+def private_block_interior(backend: str) -> bool:
+    """CPU_ATTN keeps (block, head) interiors in its own order: its writes must stay in the token's block and head, cover
+    every element once, and nothing more is promised about where inside."""
+    return backend == "CPU_ATTN"

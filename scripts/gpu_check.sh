@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Run the kvfuzz selftest (a short campaign, physical probe on every case) on a CUDA machine from a
-# bundle built by scripts/make_gpu_bundle.py. The machine needs Python with torch; nothing else, and
-# no package index.
+# Run the kvfuzz selftest on a CUDA machine from a bundle built by scripts/make_gpu_bundle.py: a short
+# campaign with the physical probe on every case (every view written and read back on the device),
+# then one with the kernel probe (tokens written through each backend's own cache write: Triton
+# kernels compiled for the GPU, the compiled ops of an installed CUDA vLLM with --vllm installed)
+# and the byte-addressing consumers on every case. The machine needs Python with torch; nothing
+# else, and no package index.
 #
 #   bash gpu_check.sh BUNDLE.tar.gz [selftest options]      e.g. --device cuda --max-time 60
 #
 # Environment: PYTHON (default python3), KVFUZZ_CHECK_DIR (unpack here and keep it; default a
-# temporary folder, removed afterwards). Exit status: the selftest's (0 nothing new found, 1 new
-# findings, 2 setup error).
+# temporary folder, removed afterwards), KVFUZZ_CHECK_PROBES (the probes run, in order; default
+# "physical kernel"). Exit status: the worst selftest's (0 nothing new found, 1 new findings, 2 setup
+# error).
 set -euo pipefail
 
 bundle=${1:?usage: gpu_check.sh BUNDLE.tar.gz [--device cuda] [--max-time SECONDS] [selftest options]}
@@ -74,8 +78,12 @@ export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-ERROR}
 cd "$work/kvfuzz"
 manifest=$("$python" -c "import json,sys; print(json.load(open(sys.argv[1]))['vllm'])" "$work/manifest.json")
 echo "gpu_check: bundle holds $manifest; python $("$python" -c 'import sys; print(sys.version.split()[0])')"
-set +e
-"$python" -m fuzz.campaign.selftest "$@"
-status=$?
-set -e
-exit $status
+worst=0
+for probe in ${KVFUZZ_CHECK_PROBES:-physical kernel}; do
+    set +e
+    "$python" -m fuzz.campaign.selftest --probe "$probe" "$@"
+    status=$?
+    set -e
+    (( status > worst )) && worst=$status
+done
+exit $worst

@@ -13,7 +13,7 @@ import pytest
 
 from fuzz.errors import TargetError
 from fuzz.targets import releases
-from fuzz.targets.releases import TargetSource, cache_root, cached_versions, releases_between, resolve, worker_environment
+from fuzz.targets.releases import TargetSource, cache_root, cached_versions, gpu_driver_present, releases_between, resolve, worker_environment
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE = "9.8.7"
@@ -74,8 +74,13 @@ def test_installed_adds_no_path():
     source = resolve("installed")
     assert source == TargetSource("installed", "installed", None, None)
     assert source.label == "installed"
-    env = worker_environment(source, {"PYTHONPATH": "/elsewhere"})
-    assert env == {"PYTHONPATH": "/elsewhere", "VLLM_LOGGING_LEVEL": "ERROR"}
+    env = worker_environment(source, {"PYTHONPATH": "/elsewhere", "TRITON_INTERPRET": "0"})
+    assert env == {"PYTHONPATH": "/elsewhere", "VLLM_LOGGING_LEVEL": "ERROR", "TRITON_INTERPRET": "0"}
+
+
+def test_triton_interprets_where_no_gpu_driver_is_loaded():
+    env = worker_environment(resolve("installed"), {})
+    assert env.get("TRITON_INTERPRET") == (None if gpu_driver_present() else "1")
 
 
 @pytest.mark.parametrize("inner", ["", "vllm"])

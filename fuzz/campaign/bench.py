@@ -7,7 +7,9 @@ target first on the path) measures on the same case mix:
   views) on prebuilt case objects;
 - pipeline: kvfuzz end to end on one core: draw, declare, vLLM walk, oracle, metadata comparison;
 - peers without any oracle: a plain Hypothesis @given harness over compressed-MLA specs that only
-  calls vLLM and checks the storage size, and the same test driven by fuzz_one_input with random bytes.
+  calls vLLM and checks the storage size, and the same test driven by fuzz_one_input with random bytes;
+- probe kinds side by side, on one mix of drawn cases: metadata only, the physical probe, the kernel
+  probe (tokens through each backend's cache write) and the consumers (zeroers, block copy, regions).
 The command then runs campaigns with 1 and 2 worker processes for the worker-scaling figure.
 """
 
@@ -25,7 +27,7 @@ from typing import Any
 import torch
 
 from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend
-from fuzz.space import Rejected, draw_indexed
+from fuzz.space import Rejected, draw_indexed, for_run
 from fuzz.targets.base import Target
 from fuzz.verdict.runner import run_case
 
@@ -69,6 +71,7 @@ def measure(target: Any, seed: int, count: int) -> dict[str, Any]:
     results["pipeline_per_s"] = rate(lambda i: run_case(target, draw_or_skip(target, seed + 1, i), "cpu"), 10**9)
     results["pipeline_stages_us"] = stages(target, seed + 2, 2000)
     results.update(peers(target))
+    results.update(probe_kinds(target, seed + 3))
     results["pipeline_vs_bare_reshape"] = results["pipeline_per_s"] / results["bare_reshape_per_s"]
     results["pipeline_vs_bare_walk"] = results["pipeline_per_s"] / results["bare_walk_per_s"]
     return results
@@ -98,10 +101,30 @@ def stages(target: Any, seed: int, count: int) -> dict[str, float]:
     return {stage: round(seconds / count * 1e6, 1) for stage, seconds in spent.items()}
 
 
-def draw_or_skip(target: Target, seed: int, index: int) -> Case:
+PROBE_KINDS = ("metadata", "physical", "kernel", "consumers")
+
+
+def probe_kinds(target: Target, seed: int, count: int = 300) -> dict[str, float]:
+    """Cases per second of the whole pipeline (run and judged) with each probe kind, on the same drawn cases, and each
+    one's rate relative to metadata only."""
+    drawn = [draw_or_skip(target, seed, i, touches=True) for i in range(count)]
+    mixes = {"metadata": ([for_run(c, consumers=False, kernel=False) for c in drawn], False),
+             "physical": ([for_run(c, consumers=False, kernel=False) for c in drawn], "physical"),
+             "kernel": ([for_run(c, consumers=False, kernel=True) for c in drawn], "kernel"),
+             "consumers": ([for_run(c, consumers=True, kernel=False) for c in drawn], False)}
+    figures: dict[str, float] = {}
+    for kind in PROBE_KINDS:
+        cases, probe = mixes[kind]
+        figures[f"probe_{kind}_per_s"] = rate(lambda i, cases=cases, probe=probe: run_case(target, cases[i], "cpu", probe=probe), len(cases))
+    for kind in PROBE_KINDS[1:]:
+        figures[f"probe_{kind}_vs_metadata"] = figures[f"probe_{kind}_per_s"] / figures["probe_metadata_per_s"]
+    return figures
+
+
+def draw_or_skip(target: Target, seed: int, index: int, touches: bool = False) -> Case:
     while True:
         try:
-            return draw_indexed(target.info, seed, index)
+            return draw_indexed(target.info, seed, index, touches=touches)
         except Rejected:
             index += 10**9
 

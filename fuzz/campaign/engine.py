@@ -145,6 +145,8 @@ class CampaignOptions:
     corpus_dir: Path = Path("corpus/findings")
     synthetic: bool = True
     probe_every: int = 0
+    probe_kind: str = "physical"  # what the probe every probe_every-th case is: "physical" or "kernel"
+    consumers_every: int = 0  # run the case's consumers (fuzz/targets/consumers.py) on every K-th case; 0: never
     scale: str = "small"
     max_buffer_bytes: int = 1 << 30
     # Shrinking a case that kills its worker costs a restart or a whole case timeout per candidate.
@@ -287,7 +289,8 @@ class Campaign:
         self.batch_counter += 1
         task = {"campaign": self.id, "batch": self.batch_counter, "seed": self.options.seed, "start": self.next_index, "count": count,
                 "synthetic": self.options.synthetic, "device": self.options.device, "known": sorted(self.known),
-                "probe_every": self.options.probe_every, "scale": self.options.scale, "max_buffer_bytes": self.options.max_buffer_bytes}
+                "probe_every": self.options.probe_every, "probe_kind": self.options.probe_kind, "consumers_every": self.options.consumers_every,
+                "scale": self.options.scale, "max_buffer_bytes": self.options.max_buffer_bytes}
         self.next_index += count
         self._hand(worker, task)
 

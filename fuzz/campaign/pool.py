@@ -342,7 +342,7 @@ class Pool:
 
     # ------------------------------------------------------------------ one case at a time
 
-    def execute(self, case: Case, device: str, probe: bool = False, worker: int = 0) -> Execution:
+    def execute(self, case: Case, device: str, probe: bool | str = False, worker: int = 0) -> Execution:
         """Run one case on a worker; a worker the case kills, or that does not answer within the case
         timeout, becomes an outcome, not an exception. A stop request interrupts the worker and raises
         Stopped; a case kvfuzz itself could not run raises TargetError."""
@@ -383,7 +383,7 @@ class RemoteTarget:
         self.info = pool.info
         self.worker = worker
 
-    def execute(self, case: Case, device: str, probe: bool = False) -> Execution:
+    def execute(self, case: Case, device: str, probe: bool | str = False) -> Execution:
         return self.pool.execute(case, device, probe=probe, worker=self.worker)
 
 

@@ -6,7 +6,7 @@ pickled objects, so nothing a target does can run code in the coordinator.
 
 coordinator -> zygote : SPAWN {worker, slot}, SHUTDOWN {}
 zygote -> coordinator : READY {info, pid}, EXITED {worker, pid, status}, FAILED {error}
-coordinator -> worker : FUZZ {batch, seed, start, count, synthetic, device, known, probe_every},
+coordinator -> worker : FUZZ {batch, seed, start, count, synthetic, device, known, probe_every, probe_kind, consumers_every},
                         EXECUTE {id, case, device, probe}, ACK {}, STOP {}
 worker -> coordinator : HELLO {worker, pid}, FINDING {batch, index, case, finding},
                         MINIMIZED {batch, index, case, finding, steps}, BATCH {batch, done, tallies...},

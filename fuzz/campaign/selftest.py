@@ -1,11 +1,14 @@
-"""`kvfuzz selftest`: a short campaign with the physical probe on one device, as a table.
+"""`kvfuzz selftest`: a short campaign with a probe on every case on one device, as a table.
 
 It checks the whole machinery where it runs: the target process imports vLLM, cases are drawn
-and judged, and every case is written through vLLM's views on the device and read back. The
-exit status is 0 when the campaign found nothing new, 1 otherwise. Findings already in the
-project's corpus (corpus/findings) count as known, so known vLLM bugs do not fail it.
+and judged, and every case is written on the device and read back: through vLLM's views
+(`--probe physical`, the default), or token by token through each backend's own cache write
+(`--probe kernel`: compiled ops, Triton kernels compiled for the device or interpreted on the
+CPU), with the byte-addressing consumers (block zeroers, block copy, connector regions) on every
+case. The exit status is 0 when the campaign found nothing new, 1 otherwise. Findings already in
+the project's corpus (corpus/findings) count as known, so known vLLM bugs do not fail it.
 
-    python -m fuzz.campaign.selftest --device cuda --max-time 60
+    python -m fuzz.campaign.selftest --device cuda --max-time 60 [--probe kernel]
 """
 
 from __future__ import annotations
@@ -54,12 +57,14 @@ def _corpus(keep: Path | None) -> Iterator[Path]:
 
 
 def selftest(device: str, max_time: float, out: TextIO, vllm: str = "installed", corpus: Path | None = None, seed: int = 0,
-             max_cases: int = 10**12, synthetic: bool = True, case_timeout: float = 60.0, max_memory: int = 4096 << 20) -> int:
+             max_cases: int = 10**12, synthetic: bool = True, case_timeout: float = 60.0, max_memory: int = 4096 << 20,
+             probe: str = "physical") -> int:
     """Run the campaign and print the table; 0 when nothing new was found, 1 otherwise."""
     import torch
 
     name = device_name(device)
-    print(f"kvfuzz selftest: {max_time:g} s on {name}, physical probe on every case", file=out, flush=True)
+    also = ", consumers on every case" if probe == "kernel" else ""
+    print(f"kvfuzz selftest: {max_time:g} s on {name}, {probe} probe on every case{also}", file=out, flush=True)
     source = releases.resolve(vllm)
     with _corpus(corpus) as folder:
         pool = Pool(source, workers=1, case_timeout=case_timeout, max_memory=max_memory)
@@ -67,12 +72,12 @@ def selftest(device: str, max_time: float, out: TextIO, vllm: str = "installed",
             assert pool.info is not None
             info = pool.info
             options = CampaignOptions(device=device, max_time=max_time, max_cases=max_cases, seed=seed, corpus_dir=folder,
-                                      probe_every=1, synthetic=synthetic)
+                                      probe_every=1, probe_kind=probe, consumers_every=1 if probe == "kernel" else 0, synthetic=synthetic)
             report = Campaign(pool, options).run()
         finally:
             pool.close()
         target = f"{info.vllm_version} ({source.label}, {info.generation}, contract {info.contract.name})"
-        rows = table_rows(report, name, torch.__version__, target)
+        rows = table_rows(report, name, torch.__version__, target, probe)
         print(format_table(rows), file=out)
         for record in report.findings:
             kept = f"\n      {record.path}" if corpus is not None else ""
@@ -80,8 +85,17 @@ def selftest(device: str, max_time: float, out: TextIO, vllm: str = "installed",
     return 1 if report.findings else 0
 
 
-def table_rows(report: Report, device: str, torch_version: str, vllm: str) -> list[tuple[str, str]]:
+KERNEL_KINDS = ("kernel-crash", "kernel-escape", "kernel-miss", "kernel-order")
+CONSUMER_KINDS = ("zero-escape", "zero-miss", "copy-escape", "copy-wrong", "region-mismatch")
+
+
+def table_rows(report: Report, device: str, torch_version: str, vllm: str, probe: str = "physical") -> list[tuple[str, str]]:
     kinds = report.findings_by_kind()
+    if probe == "kernel":
+        mismatches = [("kernel findings", str(sum(kinds.get(k, 0) for k in KERNEL_KINDS))),
+                      ("consumer findings", str(sum(kinds.get(k, 0) for k in CONSUMER_KINDS)))]
+    else:
+        mismatches = [("probe mismatches", str(kinds.get("probe-mismatch", 0)))]
     verdicts = ", ".join(f"{k} {v:,}" for k, v in sorted(report.verdicts.items())) or "none"
     return [
         ("device", device),
@@ -91,7 +105,7 @@ def table_rows(report: Report, device: str, torch_version: str, vllm: str) -> li
         ("cases/s", f"{report.cases_per_s:.1f}"),
         ("verdicts", verdicts),
         ("findings by kind", ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "none"),
-        ("probe mismatches", str(kinds.get("probe-mismatch", 0))),
+        *mismatches,
         ("known findings met", str(report.duplicates)),
         ("worker restarts", str(report.restarts)),
         ("result", "FAIL: new findings" if report.findings else "PASS"),
@@ -113,6 +127,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-cases", type=int, default=10**12, help="stop after this many cases")
     parser.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
     parser.add_argument("--no-synthetic", action="store_true", help="draw only vLLM's own backends (no latent findings)")
+    parser.add_argument("--probe", choices=("physical", "kernel"), default="physical",
+                        help="write every view (physical, default) or tokens through each backend's cache write, consumers on (kernel)")
     return parser
 
 
@@ -125,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         sys.exit(selftest(device, args.max_time, sys.stdout, vllm=args.vllm, corpus=args.corpus, seed=args.seed,
-                          max_cases=args.max_cases, synthetic=not args.no_synthetic))
+                          max_cases=args.max_cases, synthetic=not args.no_synthetic, probe=args.probe))
     except KvfuzzError as error:
         print(f"kvfuzz selftest: error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -31,7 +31,7 @@ from fuzz.campaign import protocol
 from fuzz.case import from_dict, to_dict
 from fuzz.corpus.minimize import shrink_finding
 from fuzz.errors import TargetError
-from fuzz.space import Rejected, draw_indexed
+from fuzz.space import Rejected, draw_indexed, for_run
 from fuzz.targets.base import Target
 from fuzz.verdict.findings import Finding, normalize
 from fuzz.verdict.runner import run_case
@@ -178,7 +178,7 @@ class Worker:
     def execute(self, payload: dict[str, Any]) -> None:
         self.slot.start(-1, payload["id"])
         try:
-            execution = self.target.execute(from_dict(payload["case"]), payload["device"], probe=bool(payload.get("probe")))
+            execution = self.target.execute(from_dict(payload["case"]), payload["device"], probe=payload.get("probe") or False)
         except Exception as error:  # noqa: BLE001 - kvfuzz's own failure (or a call that does not fit vLLM): the caller's error
             self.slot.finish()
             protocol.send(self.conn, protocol.EXECUTED, {"id": payload["id"], "error": _one_line(error)})
@@ -200,16 +200,20 @@ class Worker:
         shrink_until = began + task.get("shrink_seconds", 60.0)
         batch, info = task["batch"], self.target.info
         self.target.max_buffer_bytes = task.get("max_buffer_bytes", 1 << 30)  # type: ignore[attr-defined]
-        probe_every = task.get("probe_every", 0)
+        probe_every, probe_kind = task.get("probe_every", 0), task.get("probe_kind", "physical")
+        consumers_every = task.get("consumers_every", 0)
         for index in range(task["start"], task["start"] + task["count"]):
             self.slot.start(batch, index)
             scale = task.get("scale", "small")
             try:
-                case = draw_indexed(info, task["seed"], index, synthetic=task["synthetic"], scale=scale)
+                case = draw_indexed(info, task["seed"], index, synthetic=task["synthetic"], scale=scale, touches=True)
             except Rejected:
                 tallies["verdicts"]["unbuildable"] += 1
                 continue
-            probe = bool(probe_every) and index % probe_every == 0
+            probe: bool | str = probe_kind if probe_every and index % probe_every == 0 else False
+            # Consumers and the kernel probe run on the cases their schedules pick; the case then names them.
+            case = for_run(case, consumers=bool(consumers_every) and index % consumers_every == 0 and scale == "small",
+                           kernel=probe == "kernel")
             # Production-size metadata runs describe their buffers on the meta device; everything
             # else allocates, up to the cap (the adapter skips larger cases).
             device = "meta" if scale == "production" and not probe else task["device"]

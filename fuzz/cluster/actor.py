@@ -77,7 +77,7 @@ class NodeRelay:
         self.pool.ack(0)
         return self._until_stop()
 
-    def execute(self, case: dict[str, Any], device: str, probe: bool) -> dict[str, Any]:
+    def execute(self, case: dict[str, Any], device: str, probe: bool | str) -> dict[str, Any]:
         from fuzz.case import from_dict
 
         assert self.pool is not None

@@ -34,7 +34,7 @@ class RaySpareTarget:
     pool: SpareOwner = field(repr=False)
     info: TargetInfo
 
-    def execute(self, case: Case, device: str, probe: bool = False) -> Execution:
+    def execute(self, case: Case, device: str, probe: bool | str = False) -> Execution:
         """Run the case on the spare actor; the pool counts its restarts (the actor's and its local worker's)."""
         import ray
 

@@ -7,7 +7,8 @@ Named passes, run in order and repeated until none makes progress (a fixed point
               the smallest head and block sizes, no compression;
 4. options  - toward the simplest layout, backend, dtype and options: no padding or alignment,
               a real backend instead of a synthetic one, the default cache dtype, one model
-              runner (the V2 runner first), specs built from the case, no packing.
+              runner (the V2 runner first), specs built from the case, no packing;
+5. touches  - fewer consumers, blocks, copies and kernel-probe tokens, and lower block ids.
 Rules, after Hypothesis' shrinker: every step is a strictly simpler case (by `size`, so progress
 is deterministic and the loop ends), candidates are re-planned so their kernel block size is
 the one vLLM would choose (a shrunk case must stay a case vLLM could build), and a candidate
@@ -44,7 +45,7 @@ def minimize(case: Case, still_fails: Callable[[Case], bool], info: TargetInfo, 
     """The smallest case found that still fails, and the number of candidates run."""
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
     passes = [ShrinkPass("groups", _drop_groups), ShrinkPass("layers", _drop_layers),
-              ShrinkPass("numbers", _smaller_numbers), ShrinkPass("options", _simpler_options)]
+              ShrinkPass("numbers", _smaller_numbers), ShrinkPass("options", _simpler_options), ShrinkPass("touches", _fewer_touches)]
     best, steps, progress = case, 0, True
     while progress and steps < max_steps:
         progress = False
@@ -99,7 +100,16 @@ def size(case: Case) -> tuple[int, ...]:
         sum(s.num_kv_heads + s.head_size + s.block_size + s.compress_ratio for s in specs),
         _layout_rank(case.layout),
         sum(_options(g) for g in case.groups) + RUNNERS.index(case.runner) + (case.spec_source != "case") + (case.packing != "none"),
+        _touches_size(case),
     )
+
+
+def _touches_size(case: Case) -> tuple[int, int]:
+    touches = case.touches
+    if touches is None:
+        return (0, 0)
+    ids = sum(touches.blocks) + sum(map(sum, touches.copies)) + sum(map(sum, touches.tokens))
+    return (touches.size, ids)
 
 
 def _options(group: GroupCase) -> int:
@@ -182,6 +192,21 @@ def _simpler_options(case: Case, info: TargetInfo) -> Iterator[Case]:
         yield from _spec_changes(case, index, group, changes)
 
 
+def _fewer_touches(case: Case, info: TargetInfo) -> Iterator[Case]:
+    touches = case.touches
+    if touches is None:
+        return
+    yield dataclasses.replace(case, touches=None)
+    for field in ("consumers", "blocks", "copies", "tokens"):
+        for kept in _without_chunks(getattr(touches, field)):
+            yield dataclasses.replace(case, touches=dataclasses.replace(touches, **{field: kept}))
+        if getattr(touches, field):
+            yield dataclasses.replace(case, touches=dataclasses.replace(touches, **{field: ()}))
+    lower = dataclasses.replace(touches, blocks=tuple(sorted({0, *touches.blocks[1:]})),
+                                tokens=tuple(sorted({(block, 0) for block, _ in touches.tokens})))
+    yield dataclasses.replace(case, touches=lower)
+
+
 def _spec_changes(case: Case, index: int, group: GroupCase, changes: list[dict[str, object]]) -> Iterator[Case]:
     for change in changes:
         try:
@@ -223,7 +248,8 @@ def _buildable(case: Case, info: TargetInfo) -> Case | None:
                 if spec is None:
                     return None
                 groups[i] = dataclasses.replace(group, spec=spec, kernel_block_size=spec.block_size)
-    candidate = dataclasses.replace(case, groups=tuple(groups))
+    touches = case.touches.within(case.num_blocks) if case.touches is not None else None
+    candidate = dataclasses.replace(case, groups=tuple(groups), touches=touches if touches is not None and touches.size else None)
     try:
         validate(candidate)
     except CaseError:

@@ -19,7 +19,7 @@ class ReplayOutcome:
     finding: Finding | None = None  # what the target got wrong, for an unexpected finding
 
 
-def replay_entry(target: Target, entry: Entry, device: str, probe: bool = False,
+def replay_entry(target: Target, entry: Entry, device: str, probe: bool | str = False,
                  known: Collection[str] = frozenset()) -> ReplayOutcome:
     """`known`: signatures the corpus expects on this release. A case kept for one bug may meet
     another kept bug on a release its own bug does not affect; that is expected, not news."""

@@ -36,10 +36,11 @@ def describe(result: CaseResult, target: Target) -> dict[str, Any]:
         "layers": layers,
         "runner": outcome.runner if outcome else None,
         "v1": None if result.v1 is None else describe(result.v1, target),
+        "touches": outcome.touches if outcome else None,
     }
 
 
-def explain(target: Target, case: Case, device: str, as_json: bool = False, probe: bool = False) -> str:
+def explain(target: Target, case: Case, device: str, as_json: bool = False, probe: bool | str = False) -> str:
     result = run_case(target, case, device, probe=probe)
     return json.dumps(describe(result, target), indent=1) if as_json else render(result, target)
 

@@ -66,6 +66,8 @@ class TargetInfo:
     layer_fields: tuple[str, ...] = ()  # spec fields beyond the basics that layers carry (head_size_v)
     # How the planner can pack layers into per-block slabs (case field packing), "none" first.
     packings: tuple[str, ...] = ("none",)
+    # Code that addresses KV blocks by bytes that kvfuzz can drive here (fuzz/targets/consumers.py).
+    consumers: tuple[str, ...] = ()
 
     def backend(self, name: str) -> BackendInfo | None:
         return next((b for b in self.backends if b.name == name), None)
@@ -106,6 +108,7 @@ class TargetInfo:
             layer_backends=tuple(data.get("layer_backends", ())),
             layer_fields=tuple(data.get("layer_fields", ())),
             packings=tuple(data.get("packings", ("none",))),
+            consumers=tuple(data.get("consumers", ())),
         )
 
 
@@ -153,6 +156,8 @@ class Outcome:
     specs: dict[int, dict[str, Any]] = field(default_factory=dict)
     # The model runner whose code produced these views ("v2" or "v1").
     runner: str = "v2"
+    # What the consumers and the kernel probe touched (fuzz/targets/consumers.py, kernel_probe.py): plain JSON.
+    touches: dict[str, Any] | None = None
 
     @property
     def raised(self) -> bool:
@@ -184,6 +189,7 @@ class Outcome:
             probe=data.get("probe"),
             specs={int(k): dict(v) for k, v in data.get("specs", {}).items()},
             runner=data.get("runner", "v2"),
+            touches=data.get("touches"),
         )
 
 
@@ -235,10 +241,24 @@ class Execution:
                    v1=None if v1 is None else Outcome.from_dict(v1))
 
 
+# What a run writes on the device besides comparing metadata: nothing, every view's elements, or tokens
+# through each backend's own cache write. `probe=True` is "physical", `False` "metadata".
+PROBES = ("metadata", "physical", "kernel")
+
+
+def probe_kind(probe: bool | str) -> str:
+    if isinstance(probe, bool):
+        return "physical" if probe else "metadata"
+    if probe not in PROBES:
+        raise ValueError(f"probe {probe!r} is not one of {', '.join(PROBES)}")
+    return probe
+
+
 class Target(Protocol):
     info: TargetInfo
 
-    def execute(self, case: Case, device: str, probe: bool = False) -> Execution:
+    def execute(self, case: Case, device: str, probe: bool | str = False) -> Execution:
         """Declare the case's backend fields, build the real objects, call vLLM, record the views
-        (and with `probe`, write through every view and read the raw bytes back)."""
+        (with the physical probe, write through every view and read the raw bytes back; with the
+        kernel probe, write tokens through each backend's cache write), and run the case's consumers."""
         ...

@@ -25,12 +25,14 @@ import oracles
 from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend, layout_as
 from fuzz.errors import BrokenDeclaration, CaseMismatch, Inexpressible, TargetError
 from fuzz.space import choose_kernel_block_size, layer_reason
-from fuzz.targets.base import BackendInfo, BufferRecord, Execution, Outcome, TargetInfo, ViewRecord
+from fuzz.targets import consumers, kernel_probe
+from fuzz.targets.base import BackendInfo, BufferRecord, Execution, Outcome, TargetInfo, ViewRecord, probe_kind
 from fuzz.targets.calls import call_mismatch
 from fuzz.targets.entry_points import Probe
 from fuzz.targets.probe import physical_probe, storage_key
 from fuzz.targets.runner_v1 import V1Runner
 from fuzz.targets.spec_builder import LayerSpecs
+from fuzz.targets.walk import Walk
 from oracles import pages
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -291,6 +293,12 @@ class Adapter:
         self._spec_fields: dict[type, frozenset[str]] = {}
         self._registered: set[str] = set()
         self.max_buffer_bytes = 1 << 30  # cases needing more are skipped on real devices
+        self.consumers, unusable = consumers.discover(probe)
+        self.off.update({f"consumer {name}": why for name, why in unusable.items()})
+        self.mla_layer = consumers.mla_layer_class(probe)
+        # The last walk's objects (prepare), for the consumers and the kernel probe that run on them.
+        self.walked: tuple[Any, list[list[Any]], list[int]] | None = None
+        self.manager_views: dict[str, Any] | None = None  # set where the runner keeps other views than layers bind
 
     def _make_config(self, config_cls: type, **fields: Any) -> Any:
         """A VllmConfig (default, or with `fields`). Where the platform refuses to configure this machine (0.34's x86 CPU
@@ -406,6 +414,7 @@ class Adapter:
             layer_backends=self.layer_specs.backends if self.layer_specs else (),
             layer_fields=self.layer_specs.fields if self.layer_specs else (),
             packings=packings,
+            consumers=tuple(self.consumers),
         )
 
     def _layer_specs(self) -> LayerSpecs | None:
@@ -636,7 +645,7 @@ class Adapter:
         """Declaring is idempotent, so cases that already carry their backends' fields may be re-run."""
         return dataclasses.replace(case, groups=tuple(self.declare_group(g, case.layout) for g in case.groups))
 
-    def execute(self, case: Case, device: str, probe: bool = False) -> Execution:
+    def execute(self, case: Case, device: str, probe: bool | str = False) -> Execution:
         translated = self.translate(case)
         if isinstance(translated, str):
             return Execution(case, skipped=translated)
@@ -675,8 +684,9 @@ class Adapter:
             outcomes.append(dataclasses.replace(outcome, runner=runner))
         return Execution(declared, outcome=outcomes[0], v1=outcomes[1] if len(outcomes) > 1 else None)
 
-    def _run(self, case: Case, device: torch.device, probe: bool, specs: list[tuple[Any, str | None]], runner: str = "v2") -> Outcome:
+    def _run(self, case: Case, device: torch.device, probe: bool | str, specs: list[tuple[Any, str | None]], runner: str = "v2") -> Outcome:
         prepared = self.prepare(case, device, specs)
+        self.walked, self.manager_views = (prepared.config, prepared.attn_groups, prepared.kernel_block_sizes), None
         if runner == "v1":
             assert self.v1 is not None
             views, raw = self.v1.views(case, prepared.config, prepared.attn_groups, prepared.kernel_block_sizes, self.config.cache_config,
@@ -684,9 +694,38 @@ class Adapter:
         else:
             views, raw = prepared.views()
         outcome = self.record(views, raw, dict(case.kv_sharing), prepared.used)
-        if probe and device.type != "meta":
+        kind = probe_kind(probe)
+        if device.type == "meta":
+            return outcome
+        if kind == "physical":
             outcome = dataclasses.replace(outcome, probe=physical_probe(views, raw))
+        # A case that names tokens is a kernel-probe case wherever it runs (replay, shrinking, bisect). The consumers
+        # and the kernel probe run on the V2 walk's views (from 0.29 the V1 runner's are the same; walk_runners).
+        kernel = kind == "kernel" or (case.touches is not None and bool(case.touches.tokens))
+        if runner == "v2" and ((case.touches is not None and case.touches.consumers) or kernel):
+            outcome = dataclasses.replace(outcome, touches=self.touch(case, views, raw, outcome, kernel))
         return outcome
+
+    def touch(self, case: Case, views: dict[str, Any], raw: list[torch.Tensor], outcome: Outcome, kernel: bool) -> dict[str, Any]:
+        """The case's consumers and (with `kernel`) the kernel probe, on this walk; never on views outside their buffers."""
+        if not _inside_buffers(outcome):
+            return {"skipped": "a view addresses bytes outside its raw buffer"}
+        assert self.walked is not None
+        config, attn_groups, kernel_block_sizes = self.walked
+        walk = Walk(case=case, config=config, attn_groups=attn_groups, kernel_block_sizes=kernel_block_sizes,
+                    manager_views=self.manager_views if self.manager_views is not None else views, bound_views=views, raw=raw,
+                    runners=self.walk_runners(), vllm_config=self.config)
+        touched: dict[str, Any] = {}
+        with self.probe.get("set_current_vllm_config")(self.config):  # as the runner's own code runs: under the model's config
+            if case.touches is not None and case.touches.consumers:
+                touched["consumers"] = consumers.run(self.consumers, walk, case.touches)
+            if kernel:
+                touched["kernel"] = kernel_probe.run(walk, case.touches, self.mla_layer)
+        return touched
+
+    def walk_runners(self) -> tuple[str, ...]:
+        """The model runners whose own initialisation builds this adapter's views (fuzz/targets/consumers.py)."""
+        return ("v2",)
 
     def spec_facts(self, spec: Any, layer: str | None = None) -> dict[str, Any]:
         """What vLLM's spec says about the page: its quant mode and its page before padding; for a spec vLLM built from a
@@ -811,6 +850,23 @@ def check_derived_kernel_sizes(case: Case, used: dict[int, int]) -> None:
 
 def _obj(found: Any) -> Any:
     return None if found is None else found.obj
+
+
+def _inside_buffers(outcome: Outcome) -> bool:
+    """Whether every recorded view addresses only bytes of its raw buffer (a consumer run on any other would write wild)."""
+    for records in outcome.views.values():
+        for view in records:
+            if view.buffer < 0:
+                return False
+            low = high = view.offset_bytes
+            for size, stride in zip(view.shape, view.byte_strides, strict=True):
+                if size == 0:
+                    break
+                reach = (size - 1) * stride
+                low, high = (low + reach, high) if reach < 0 else (low, high + reach)
+            if low < 0 or high + view.element_size > outcome.buffers[view.buffer].size:
+                return False
+    return True
 
 
 def record_view(tensor: torch.Tensor, buffers: dict[int, int]) -> ViewRecord:

@@ -62,6 +62,7 @@ class Found:
 WORKER_UTILS = "vllm.v1.worker.utils"
 ATTN_UTILS = "vllm.v1.worker.gpu.attn_utils"
 INTERFACE = "vllm.v1.kv_cache_interface"
+CONNECTORS = "vllm.distributed.kv_transfer.kv_connector.v1"
 
 ENTRY_POINTS: dict[str, Wanted] = {w.role: w for w in (
     Wanted("planner", ("get_kv_cache_config_from_groups",), ("vllm.v1.core.kv_cache_planning", "vllm.v1.core.kv_cache_utils"),
@@ -75,6 +76,14 @@ ENTRY_POINTS: dict[str, Wanted] = {w.role: w for w in (
     Wanted("shared-layer wiring", ("add_kv_sharing_layers_to_kv_cache_groups",), (WORKER_UTILS,),
            params=(("shared_kv_cache_layers",), ("kv_cache_groups",))),
     Wanted("spec customization", ("customize_attention_spec",), (WORKER_UTILS,), params=(("backend",), ("spec", "kv_cache_spec"))),
+    # Code that addresses KV blocks by bytes beyond the views (fuzz/targets/consumers.py, kernel_probe.py).
+    Wanted("block zeroer", ("KVBlockZeroer",), (WORKER_UTILS,), attributes=("zero_block_ids",)),
+    Wanted("CPU block zeroer", ("CPUKVBlockZeroer",), ("vllm.v1.worker.cpu.utils",), attributes=("zero_block_ids",)),
+    Wanted("CPU model runner", ("CPUModelRunner",), ("vllm.v1.worker.cpu_model_runner",), attributes=("_zero_block_ids",)),
+    Wanted("block copy", ("copy_kv_cache_blocks_inplace",), (WORKER_UTILS,),
+           params=(("kv_caches",), ("num_blocks",), ("kv_cache_block_copies",))),
+    Wanted("offloading worker", ("OffloadingConnectorWorker",), (f"{CONNECTORS}.offloading.worker", f"{CONNECTORS}.offloading_connector"),
+           attributes=("register_kv_caches",)),
     Wanted("legacy allocation", ("_allocate_kv_cache",), (ATTN_UTILS,), params=(("kv_cache_config",), ("device",)), exact=True),
     Wanted("legacy reshape", ("_reshape_kv_cache",), (ATTN_UTILS,), params=(("kv_cache_raw_tensors",), ("cache_dtype",)), exact=True),
     Wanted("legacy layout hint", ("set_kv_cache_layout",), ("vllm.v1.attention.backends.utils",), params=(("cache_layout",),)),

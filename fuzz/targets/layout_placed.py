@@ -17,6 +17,7 @@ import torch
 
 from fuzz.case import Case, GroupCase, SyntheticBackend
 from fuzz.errors import BrokenDeclaration, Inexpressible
+from fuzz.targets import consumers
 from fuzz.targets.base import BackendInfo
 from fuzz.targets.common import Adapter
 from fuzz.targets.entry_points import Probe
@@ -50,6 +51,7 @@ class LayoutPlacedTarget(Adapter):
         rope = entry_points.find("rotary dims")
         self.rotary_dims = None if rope is None else importlib.import_module(rope.module)
         self.generation = "G6" if maps_kernel_blocks else "G5"
+        self._runners: tuple[str, ...] | None = None
         self.info = self.target_info(LAYOUT_PLACED_KERNEL_MAP if maps_kernel_blocks else LAYOUT_PLACED,
                                      tuple(layout.name for layout in self.layouts))
 
@@ -153,11 +155,19 @@ class LayoutPlacedTarget(Adapter):
         for sharer, target in case.kv_sharing:
             kv_caches[sharer] = kv_caches[target]
         if self.kernel_map is not None:
+            self.manager_views = dict(kv_caches)  # the runner keeps these; layers bind the kernel-block views
             kv_caches = self.kernel_map(kv_caches, [g for per_group in attn_groups for g in per_group])
         # One backing allocation: every view's storage is it.
         first = next(iter(kv_caches.values()))
         backing = torch.empty(0, dtype=torch.int8, device=first.device).set_(first.untyped_storage())
         return kv_caches, [backing]
+
+    def walk_runners(self) -> tuple[str, ...]:
+        """From 0.29 the V1 runner (and 0.34's CPU runner) allocate through the same functions as the V2 runner."""
+        if self._runners is None:
+            functions = (self.allocate.__name__,) + (() if self.kernel_map is None else (self.kernel_map.__name__,))
+            self._runners = consumers.walk_runners(True, functions)
+        return self._runners
 
     def kernel_sizes_used(self, attn_groups: list[list[Any]], group_sizes: list[int]) -> dict[int, int]:
         """Each attention group's kernel block size, chosen as create_metadata_builders does (and bound to the

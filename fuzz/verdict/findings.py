@@ -31,6 +31,15 @@ KINDS = (
     "order",
     "probe-mismatch",
     "runner-mismatch",
+    "zero-escape",
+    "zero-miss",
+    "copy-escape",
+    "copy-wrong",
+    "region-mismatch",
+    "kernel-crash",
+    "kernel-escape",
+    "kernel-miss",
+    "kernel-order",
 )
 
 # What each kind means, in one line (SARIF rules, reports).
@@ -56,6 +65,15 @@ DESCRIPTIONS = {
     "order": "Elements inside a block are not in the declared order.",
     "probe-mismatch": "Bytes written through vLLM's views land where the oracle says they must not.",
     "runner-mismatch": "vLLM's two model runners (V2 and V1) lay the same case out differently, or one refuses what the other builds.",
+    "zero-escape": "Zeroing a freed KV block changed bytes outside that block.",
+    "zero-miss": "Zeroing a freed KV block left some of that block's bytes uncleared.",
+    "copy-escape": "Copying one KV block onto another changed bytes outside the destination block.",
+    "copy-wrong": "After a KV block copy the destination block does not hold the source block's bytes.",
+    "region-mismatch": "A KV connector's transfer region for a block is not exactly that block's bytes.",
+    "kernel-crash": "A backend's cache write raised on a KV-cache view vLLM built for it.",
+    "kernel-escape": "A backend's cache write put bytes outside the written token's block or head.",
+    "kernel-miss": "A backend's cache write left elements of the token unwritten.",
+    "kernel-order": "A backend's cache write put an element elsewhere in its block than the layout places it.",
 }
 
 PROCESS_KINDS = ("crash-signal", "hang", "oom")  # the target process died, hung or ran out of memory

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import oracles
 from fuzz.case import Case
 from fuzz.targets.base import Execution, Outcome, Target
-from fuzz.verdict import probe
+from fuzz.verdict import probe, touch
 from fuzz.verdict.compare import PROCESS_FAILURES, Verdict, compare
 from fuzz.verdict.findings import observed
 from fuzz.verdict.runners import compare_runners
@@ -69,8 +69,12 @@ def _judge_outcome(case: Case, outcome: Outcome, target_contract: oracles.Contra
         if difference is not None:
             layer = difference.split(":")[0]
             verdict = Verdict("finding", observed(case, "probe-mismatch", "physical-probe", difference, layer))
+    if verdict.status == "pass" and outcome.touches:
+        touched = touch.check(case, expectation, outcome)
+        if touched is not None:
+            verdict = Verdict("finding", touched)
     return CaseResult(case, verdict, expectation, outcome)
 
 
-def run_case(target: Target, case: Case, device: str = "cpu", probe: bool = False) -> CaseResult:
+def run_case(target: Target, case: Case, device: str = "cpu", probe: bool | str = False) -> CaseResult:
     return judge(target.execute(case, case.device or device, probe=probe), target.info.contract)

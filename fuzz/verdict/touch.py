@@ -1,0 +1,241 @@
+"""The comparator for code that addresses KV blocks by bytes: what consumers and cache writes touched,
+against the bytes the oracle gives each block (oracles/touch.py).
+
+Judged only after the views passed the metadata comparison, so every byte set below is the
+oracle's and vLLM's alike. Findings, in the order they are looked for:
+- a consumer or cache write raised on views vLLM built for a valid case: `crash-on-valid`
+  (naming the consumer) or `kernel-crash`;
+- zeroing block b changed a byte outside b's tile (`zero-escape`) or left a byte of b in a
+  layer it zeroes uncleared (`zero-miss`);
+- copying block src to dst changed a byte outside dst's tile (`copy-escape`) or left a byte of
+  dst other than src's (`copy-wrong`);
+- a connector's region for block b reaches outside b's tile or misses a byte of b in a layer it
+  moves (`region-mismatch`);
+- a token written through a backend's cache write put an element outside its block or head, or
+  a byte on no element of the token (`kernel-escape`), did not write an element (`kernel-miss`),
+  or put it elsewhere in its block than the contract's position (`kernel-order`; not for
+  backends whose block interiors are their own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from fuzz.case import Case
+from fuzz.targets.base import Outcome, decode_bytes
+from fuzz.targets.readback import pattern_bytes
+from fuzz.verdict.findings import Finding, observed
+from oracles import touch
+from oracles.expectation import Expectation
+
+Found = Callable[..., Finding]
+
+
+def check(case: Case, expected: Expectation, outcome: Outcome) -> Finding | None:
+    """The first thing a consumer or cache write did wrong, or None."""
+    touched = outcome.touches
+    if not touched:
+        return None
+
+    def found(kind: str, function: str, message: str, layer: str | None = None) -> Finding:
+        return observed(case, kind, function, message, layer)
+
+    buffers = _buffer_map(expected, outcome)
+    for name, record in touched.get("consumers", {}).items():
+        finding = _consumer(case, expected, buffers, name, record, found)
+        if finding is not None:
+            return finding
+    for layer, record in touched.get("kernel", {}).items():
+        finding = _kernel(case, expected, buffers, layer, record, found)
+        if finding is not None:
+            return finding
+    return None
+
+
+def _buffer_map(expected: Expectation, outcome: Outcome) -> dict[int, int]:
+    """Outcome buffer -> expected buffer, matched by the layers each holds (the comparator already checked they match)."""
+    mapping: dict[int, int] = {}
+    for name in touch.cache_layers(expected):
+        for view, wanted in zip(outcome.views.get(name, ()), expected.layers[name].views, strict=False):
+            if view.buffer >= 0:
+                mapping.setdefault(view.buffer, wanted.buffer)
+    return mapping
+
+
+def _bytes(intervals: list[list[int]], buffers: dict[int, int]) -> touch.Bytes:
+    parts: dict[int, list[np.ndarray]] = {}
+    for buffer, start, end in intervals:
+        parts.setdefault(buffers.get(buffer, -1 - buffer), []).append(np.arange(start, end, dtype=np.int64))
+    return {buffer: np.unique(np.concatenate(items)) for buffer, items in parts.items()}
+
+
+def _minus(left: touch.Bytes, right: touch.Bytes) -> touch.Bytes:
+    out = {}
+    for buffer, offsets in left.items():
+        rest = offsets[~np.isin(offsets, right.get(buffer, np.empty(0, dtype=np.int64)))]
+        if rest.size:
+            out[buffer] = rest
+    return out
+
+
+def _describe(byte_set: touch.Bytes) -> str:
+    count = sum(int(v.size) for v in byte_set.values())
+    buffer = min(byte_set)
+    return f"{count} bytes, the first at byte {int(byte_set[buffer][0])} of buffer {buffer}"
+
+
+def _layer_of(expected: Expectation, layers: list[str], byte_set: touch.Bytes, block: int) -> str | None:
+    """The first of `layers` whose block `block` owns one of the bytes (for the finding's layer)."""
+    for name in layers:
+        mine = touch.owned(expected, [name], block)
+        if any(np.isin(offsets, mine.get(buffer, ())).any() for buffer, offsets in byte_set.items()):
+            return name
+    return None
+
+
+def _consumer(case: Case, expected: Expectation, buffers: dict[int, int], name: str, record: dict[str, Any], found: Found) -> Finding | None:
+    if "skipped" in record:
+        return None
+    where = record["where"]
+    if "error" in record:
+        if record["kind"] == "zero" and not touch.zeroer_serves(case, expected, name):
+            return None  # a layout off the zeroer's word granule, which it refuses by design
+        error = record["error"]
+        return found("crash-on-valid", error.get("function") or "?", f"{where}: {error['type']}: {error['message']}")
+    kind = record["kind"]
+    if kind == "zero":
+        return _zero(case, expected, buffers, name, where, record, found)
+    if kind == "copy":
+        return _copy(case, expected, buffers, where, record, found)
+    return _region(case, expected, buffers, where, record, found)
+
+
+def _zero(case: Case, expected: Expectation, buffers: dict[int, int], name: str, where: str, record: dict[str, Any],
+          found: Found) -> Finding | None:
+    layers = touch.zeroed_layers(case, expected, name)
+    function = where.rsplit(".", 1)[-1]
+    for entry in record["blocks"]:
+        block = entry["block"]
+        zeroed = _bytes(entry["zeroed"], buffers)
+        outside = _minus(touch.union(zeroed, _bytes(entry["dirtied"], buffers)), touch.tile(case, expected, block))
+        if outside:
+            return found("zero-escape", function, f"{where}: zeroing block {block} changed {_describe(outside)}, outside block {block}")
+        missed = _minus(touch.owned(expected, layers, block), zeroed)
+        if missed:
+            layer = _layer_of(expected, layers, missed, block)
+            return found("zero-miss", function, f"{where}: zeroing block {block} left {_describe(missed)} of it uncleared", layer)
+    return None
+
+
+def _copy(case: Case, expected: Expectation, buffers: dict[int, int], where: str, record: dict[str, Any], found: Found) -> Finding | None:
+    layers = touch.cache_layers(expected)
+    function = where.rsplit(".", 1)[-1]
+    for entry in record["copies"]:
+        src, dst = entry["src"], entry["dst"]
+        changed = _bytes(entry["changed"], buffers)
+        outside = _minus(changed, touch.tile(case, expected, dst))
+        if outside:
+            return found("copy-escape", function, f"{where}: copying block {src} to {dst} changed {_describe(outside)}, outside block {dst}")
+        now = _values_after(entry, buffers)
+        for buffer, (targets, sources) in touch.copy_map(expected, layers, src, dst).items():
+            size = int(max(targets.max(), sources.max())) + 1
+            original = pattern_bytes(_outcome_buffer(buffers, buffer), size)
+            got = original[targets].copy()
+            offsets, values = now.get(buffer, (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint8)))
+            if offsets.size:
+                index = np.minimum(np.searchsorted(offsets, targets), offsets.size - 1)
+                hit = offsets[index] == targets
+                got[hit] = values[index[hit]]
+            wrong = np.flatnonzero(got != original[sources])
+            if wrong.size:
+                first = int(targets[wrong[0]])
+                layer = _layer_of(expected, layers, {buffer: targets[wrong]}, dst)
+                return found("copy-wrong", function, f"{where}: after copying block {src} to {dst}, {wrong.size} bytes of block {dst} do not "
+                                                     f"hold block {src}'s, the first at byte {first} of buffer {buffer}", layer)
+    return None
+
+
+def _outcome_buffer(buffers: dict[int, int], expected_buffer: int) -> int:
+    return next((mine for mine, theirs in buffers.items() if theirs == expected_buffer), expected_buffer)
+
+
+def _values_after(entry: dict[str, Any], buffers: dict[int, int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per expected buffer: the changed byte offsets (sorted) and the values they now hold."""
+    parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for (buffer, start, end), text in zip(entry["changed"], entry["values"], strict=True):
+        parts.setdefault(buffers.get(buffer, -1 - buffer), []).append(
+            (np.arange(start, end, dtype=np.int64), np.frombuffer(bytes.fromhex(text), dtype=np.uint8)))
+    out = {}
+    for buffer, items in parts.items():
+        offsets, values = np.concatenate([o for o, _ in items]), np.concatenate([v for _, v in items])
+        order = np.argsort(offsets)
+        out[buffer] = (offsets[order], values[order])
+    return out
+
+
+def _region(case: Case, expected: Expectation, buffers: dict[int, int], where: str, record: dict[str, Any], found: Found) -> Finding | None:
+    layers = [name for name in record["layers"] if name in expected.layers]
+    function = where.rsplit(".", 1)[-1]
+    for entry in record["blocks"]:
+        block = entry["block"]
+        region = _bytes(entry["region"], buffers)
+        outside = _minus(region, touch.tile(case, expected, block))
+        if outside:
+            return found("region-mismatch", function, f"{where}: the region of block {block} holds {_describe(outside)} outside block {block}")
+        missed = _minus(touch.owned(expected, layers, block), region)
+        if missed:
+            layer = _layer_of(expected, layers, missed, block)
+            return found("region-mismatch", function, f"{where}: the region of block {block} misses {_describe(missed)} of it", layer)
+    return None
+
+
+def _kernel(case: Case, expected: Expectation, buffers: dict[int, int], layer: str, record: dict[str, Any], found: Found) -> Finding | None:
+    if "skipped" in record:
+        return None
+    writer = record["writer"]
+    function = writer.rsplit(".", 1)[-1]
+    if "error" in record:
+        error = record["error"]
+        return found("kernel-crash", error.get("function") or function,
+                     f"{writer}: {error['type']}: {error['message']} (token {error['position']} of block {error['block']})", layer)
+    for token in record["tokens"]:
+        block, position = token["block"], token["position"]
+        where = f"{writer}: token {position} of block {block}"
+        wanted = touch.token_map(case, expected, layer, block, position, bool(record.get("mla")))
+        if wanted is None:
+            continue
+        landed = decode_bytes(token["landed"])
+        assert landed is not None
+        landed = landed.view(np.int64)
+        stray = _bytes(token["stray"], buffers)
+        if stray:
+            inside = stray.keys() == {wanted.buffer} and bool(np.isin(stray[wanted.buffer], wanted.block_bytes).all())
+            return found("kernel-escape", function, f"{where} changed {_describe(stray)} that hold no element of it"
+                                                    + (" (inside its block)" if inside else ""), layer)
+        missing = np.flatnonzero(landed < 0)
+        if missing.size:
+            return found("kernel-miss", function, f"{where}: {missing.size} of its {landed.size} elements were not written", layer)
+        on = np.array([buffers.get(int(v) >> 40, -1) for v in landed], dtype=np.int64)
+        at = landed & ((1 << 40) - 1)
+        off_buffer = np.flatnonzero(on != wanted.buffer)
+        outside = off_buffer if off_buffer.size else np.flatnonzero(~np.isin(at, wanted.block_bytes))
+        if outside.size:
+            return found("kernel-escape", function, f"{where}: {outside.size} of its elements landed outside its block, the first "
+                                                    f"(element {int(outside[0])}) at byte {int(at[outside[0]])}", layer)
+        for head, allowed in wanted.head_bytes.items():
+            elements = np.flatnonzero(wanted.heads == head)
+            astray = elements[~np.isin(at[elements], allowed)]
+            if astray.size:
+                return found("kernel-escape", function, f"{where}: {astray.size} elements of head {head} landed in another head's bytes",
+                             layer)
+        if wanted.offsets is not None:
+            moved = np.flatnonzero(at != wanted.offsets)
+            if moved.size:
+                first = int(moved[0])
+                return found("kernel-order", function, f"{where}: {moved.size} of its elements are not where the contract puts them, "
+                                                       f"the first (element {first}) at byte {int(at[first])} instead of "
+                                                       f"{int(wanted.offsets[first])}", layer)
+    return None
