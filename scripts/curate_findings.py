@@ -105,7 +105,7 @@ def refresh(folder: Path, low: str, high: str | None, cache: Path | None = None)
                 print(json.dumps({"case_error": key, "releases": errors}))
             shown: dict[str, list[str]] = {}
             for version, result in seen[key].items():
-                if not isinstance(result, Finding) or (result.signature == entry.meta.get("signature")) != own_only:
+                if not isinstance(result, Finding) or (result.signature == entry.expected_signature) != own_only:
                     continue
                 if own_only or result.signature not in covered.get(version, set()):
                     shown.setdefault(result.signature, []).append(version)
@@ -124,7 +124,7 @@ def refresh(folder: Path, low: str, high: str | None, cache: Path | None = None)
                 "target": affected[0]}
         path = corpus.save_finding(folder, entry.case, meta)
         written.add(path)
-        if entry.meta.get("signature") != first.signature or entry.meta.get("affected_versions") != affected:
+        if entry.expected_signature != first.signature or entry.meta.get("affected_versions") != affected:
             print(json.dumps({"file": str(path), "signature": first.signature, "affected": affected, "from": str(entry.path)}))
     for key in found:
         if Path(key) not in written:
