@@ -62,3 +62,17 @@ def test_specs_built_by_vllm_from_attention_layers_match_the_case(target, kvfuzz
         facts = result.outcome.specs[0]
         assert facts["layer"] == "Attention" and "FullAttentionSpec" in facts["classes"]
         assert (facts["fields"]["block_size"], facts["fields"]["num_kv_heads"], facts["fields"]["head_size"]) == (16, 2, 64)
+
+
+def test_a_sliding_window_layer_that_picks_its_own_block_size_is_a_skip_naming_the_field(kvfuzz_target, kvfuzz_device):
+    """0.32's sliding-window layers choose their block size (ROCM_AITER_FA runs 64-token blocks as 32): a case stating
+    64 cannot be built from layers there, which is a skip, never a spec-mismatch or a case error."""
+    specs = getattr(kvfuzz_target, "layer_specs", None)
+    if specs is None or not specs.window_picks_block or "ROCM_AITER_FA" not in kvfuzz_target.info.layer_backends:
+        pytest.skip("this vLLM's sliding-window layers keep the configured block size")
+    spec = SpecCase(kind="sliding_window", block_size=64, num_kv_heads=1, head_size=1, sliding_window=1483)
+    group = GroupCase(spec=spec, layers=("l0",), backend="ROCM_AITER_FA", kernel_block_size=32)
+    result = run_case(kvfuzz_target, Case(groups=(group,), num_blocks=1, layout=layout(kvfuzz_target), spec_source="vllm"),
+                      kvfuzz_device)
+    assert result.verdict.status == "skipped" and "field spec_source" in result.verdict.reason
+    assert "(32, not the case's 64)" in result.verdict.reason

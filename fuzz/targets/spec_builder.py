@@ -61,6 +61,9 @@ class LayerSpecs:
         self.off: str | None = None
         self._configs: dict[str, Any] = {}
         self.kinds: tuple[str, ...] = ()
+        # Whether this release's sliding-window layers choose their own block size (0.32: "SW chooses its own
+        # block_size, decoupled from the user's --block-size"): then the case's block size is not theirs to keep.
+        self.window_picks_block = False
         self.backends: tuple[str, ...] = ()
         self.fields: tuple[str, ...] = ()
         needed = (("layer spec walk", self.walk), ("Attention layer", self.attention), ("ModelConfig", self.model_config),
@@ -104,6 +107,8 @@ class LayerSpecs:
                 # Some releases pick a sliding-window layer's block size themselves (page unification sizes it later).
                 if windowed is not None and windowed.block_size == block:
                     kinds.add("sliding_window")
+                elif windowed is not None:
+                    self.window_picks_block = True
         self.backends = tuple(usable)
         self.kinds = tuple(kind for kind in ("full", "sliding_window", "mla") if kind in kinds)
         self.fields = ("head_size_v",) if "head_size_v" in self.attention_takes else ()
@@ -144,7 +149,11 @@ class LayerSpecs:
                     raise Inexpressible(f"field spec_source: {group.backend_name} refuses to build this layer "
                                         f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})") from None
             built = self.walk(cfg)
-        return built[group.layers[0]], type(layer).__name__
+        made = built[group.layers[0]]
+        if self.window_picks_block and spec.sliding_window is not None and made is not None and made.block_size != spec.block_size:
+            raise Inexpressible(f"field spec_source: vLLM picks this sliding-window layer's block size itself ({made.block_size}, "
+                                f"not the case's {spec.block_size})")
+        return made, type(layer).__name__
 
     def _config(self, model_dtype: str, block_size: int, cache_dtype: str) -> Any:
         """A VllmConfig of the local model in `model_dtype` (one per dtype and process), emptied of layers, set to the
