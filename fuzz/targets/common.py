@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import os
 import sys
@@ -31,7 +32,7 @@ from fuzz.targets.calls import call_mismatch
 from fuzz.targets.entry_points import Probe
 from fuzz.targets.probe import physical_probe, storage_key
 from fuzz.targets.runner_v1 import V1Runner
-from fuzz.targets.spec_builder import LayerSpecs
+from fuzz.targets.spec_builder import LayerSpecs, stored_mla_dtype
 from fuzz.targets.walk import Walk
 from oracles import pages
 
@@ -472,9 +473,28 @@ class Adapter:
             compresses=compresses,
             kernel_block_sizes=tuple(kernel_size_label(s) for s in cls.get_supported_kernel_block_sizes()),
             model_dtypes=tuple(DTYPE_NAMES[d] for d in getattr(cls, "supported_dtypes", ()) if d in DTYPE_NAMES),
-            cache_dtypes=tuple(getattr(cls, "supported_kv_cache_dtypes", None) or ("auto",)),
+            cache_dtypes=self.stored_cache_dtypes(cls, tuple(getattr(cls, "supported_kv_cache_dtypes", None) or ("auto",))),
             **extra,
         )
+
+    def stored_cache_dtypes(self, cls: type, accepted: tuple[str, ...]) -> tuple[str, ...]:
+        """The cache dtypes a backend's caches are made in: those its MLA layers store as another dtype (a sparse MLA
+        backend's `auto` cache is `fp8_ds_mla`) are not layouts of their own and are not drawn with it."""
+        if self._stored_mla_dtype is None or not getattr(cls, "is_mla", lambda: False)():
+            return accepted
+        kept = []
+        for dtype in accepted:
+            try:
+                stored = self._stored_mla_dtype(cls, dtype)
+            except Exception:  # noqa: BLE001 - a rule that cannot judge this backend leaves its dtypes as declared
+                stored = dtype
+            if stored == dtype:
+                kept.append(dtype)
+        return tuple(kept) or accepted
+
+    @functools.cached_property
+    def _stored_mla_dtype(self) -> Callable[[type, str], str] | None:
+        return stored_mla_dtype(getattr(self.probe.find("MLA layer"), "obj", None))
 
     def translate(self, case: Case) -> Case | str:
         """The case in this release's terms, or why the release cannot express it (naming the field):

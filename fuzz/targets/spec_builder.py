@@ -74,7 +74,7 @@ class LayerSpecs:
             return
         self.attention_takes = set(_parameters(self.attention.__init__))
         self.mla_reads = _mla_reads(self.mla)
-        self.canonical_mla_dtype = _module_function(self.mla, "_canonicalize_sparse_mla_kv_cache_dtype")
+        self.canonical_mla_dtype = stored_mla_dtype(self.mla)
         self._survey(backends)
 
     # ------------------------------------------------------------------ what builds here
@@ -195,6 +195,12 @@ class LayerSpecs:
         layer.kv_cache = torch.tensor([])
         cfg.compilation_config.static_forward_context[name] = layer
         return layer
+
+
+def stored_mla_dtype(mla_layer: Any) -> Callable[[type, str], str] | None:
+    """vLLM's MLA layer's rule for the cache dtype it stores on a backend (a sparse MLA backend stores `fp8_ds_mla` for
+    `auto` / `fp8`), or None where the release has no such rule."""
+    return _module_function(mla_layer, "_canonicalize_sparse_mla_kv_cache_dtype")
 
 
 def _obj(found: Any) -> Any:
