@@ -102,6 +102,7 @@ def test_the_spec_check_catches_a_page_that_is_not_the_dtypes():
     assert check_specs(case, Outcome(specs={0: {"kv_quant_mode": "int4_per_token_head", "page_bytes": right}})) is None
     wrong = check_specs(case, Outcome(specs={0: {"kv_quant_mode": "int4_per_token_head", "page_bytes": 2 * 16 * (128 + 8)}}))
     assert wrong is not None and f"instead of {right}" in wrong.message
+    assert wrong.message.startswith("kv_quant_mode int4_per_token_head: a page of"), "the mode names the bug, not the dtype"
     # A fact the target could not read (None) is not checked.
     assert check_specs(case, Outcome(specs={0: {"kv_quant_mode": None, "page_bytes": None}})) is None
 

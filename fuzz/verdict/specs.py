@@ -55,7 +55,9 @@ def check_specs(case: Case, outcome: Outcome) -> Finding | None:
         defined = pages.defined_unpadded_bytes(spec)
         if page is not None and defined is not None and page != defined:
             function = f"{built_by}.get_kv_cache_spec" if built_by else "kv_cache_spec"
-            message = f"{dtype}: a page of {page} bytes before padding instead of {defined}"
+            # A spec class that sizes a quant mode's pages wrongly does so for every dtype of that mode: one signature.
+            sized_as = "a registered cache dtype" if spec.registered_cache_dtype else f"kv_quant_mode {spec.kv_quant_mode}"
+            message = f"{sized_as}: a page of {page} bytes before padding instead of {defined}"
             return observed(case, "spec-mismatch", function, message, layer)
     return None
 

@@ -3,8 +3,9 @@ against the bytes the oracle gives each block (oracles/touch.py).
 
 Judged only after the views passed the metadata comparison, so every byte set below is the
 oracle's and vLLM's alike. Findings, in the order they are looked for:
-- a consumer or cache write raised on views vLLM built for a valid case: `crash-on-valid`
-  (naming the consumer) or `kernel-crash`;
+- a consumer or cache write raised on views vLLM built for a valid case: `crash-on-valid` (naming the
+  consumer; `refused-valid` for a ValueError or NotImplementedError, vLLM's way of saying it does not
+  support the case) or `kernel-crash`;
 - zeroing block b changed a byte outside b's tile (`zero-escape`) or left a byte of b in a
   layer it zeroes uncleared (`zero-miss`);
 - copying block src to dst changed a byte outside dst's tile (`copy-escape`) or left a byte of
@@ -27,6 +28,7 @@ import numpy as np
 from fuzz.case import Case
 from fuzz.targets.base import Outcome, decode_bytes
 from fuzz.targets.readback import pattern_bytes
+from fuzz.verdict.compare import REFUSALS
 from fuzz.verdict.findings import Finding, observed
 from oracles import touch
 from oracles.expectation import Expectation
@@ -104,7 +106,9 @@ def _consumer(case: Case, expected: Expectation, buffers: dict[int, int], name: 
         if record["kind"] == "zero" and not touch.zeroer_serves(case, expected, name):
             return None  # a layout off the zeroer's word granule, which it refuses by design
         error = record["error"]
-        return found("crash-on-valid", error.get("function") or "?", f"{where}: {error['type']}: {error['message']}")
+        # A consumer that refuses a case with vLLM's refusal errors says it does not support it: a warning, as in the views.
+        kind = "refused-valid" if error["type"] in REFUSALS else "crash-on-valid"
+        return found(kind, error.get("function") or "?", f"{where}: {error['type']}: {error['message']}")
     kind = record["kind"]
     if kind == "zero":
         return _zero(case, expected, buffers, name, where, record, found)
