@@ -78,7 +78,9 @@ def curate(folders: list[Path], low: str, high: str | None, out: Path) -> None:
     seen = replay_everywhere(chosen, low, high)
     written: set[tuple[str, tuple[str, ...]]] = set()
     for key, entry in chosen.items():
-        signature = json.loads(key)[0]
+        # The signature the case shows now on the release it was found on (the verdicts may have named it anew since).
+        now = seen[key].get(str(entry.meta.get("vllm_version")))
+        signature = now.signature if isinstance(now, Finding) else json.loads(key)[0]
         affected = [v for v, f in seen[key].items() if isinstance(f, Finding) and f.signature == signature]
         group = (signature, tuple(affected))
         if not affected or group in written:

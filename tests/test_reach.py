@@ -58,3 +58,37 @@ def test_every_option_of_0_33_is_drawn():
     added = (set(newest.cache_dtypes) - set(previous.cache_dtypes)) | (set(newest.quant_modes) - set(previous.quant_modes))
     assert {"octave_k3v4", "octave_k3v3", "octave_k3v3_compact", "custom"} <= added
     assert {b.name for b in newest.backends} - {b.name for b in previous.backends} >= {"ROCM_OCTAVE"}
+
+
+def surface_counts(info: TargetInfo, sample: int = SAMPLE, seed: int = 1) -> Counter[str]:
+    """How often a fixed-seed sample reaches each part of the wider surface: specs built by vLLM's layers, packed slabs,
+    the V1 runner, each consumer, and each quantized cache dtype (cases as a campaign draws them, consumers included)."""
+    drawn: Counter[str] = Counter()
+    for index in range(sample):
+        try:
+            case = draw_indexed(info, seed, index, touches=True)
+        except Rejected:
+            continue
+        drawn["spec_source=" + case.spec_source] += 1
+        drawn["packing=" + case.packing] += 1
+        drawn["runner=" + case.runner] += 1
+        for consumer in case.touches.consumers if case.touches is not None else ():
+            drawn["consumer=" + consumer] += 1
+        for group in case.groups:
+            if group.spec.kind != "mamba" and group.spec.kv_quant_mode != "none":
+                drawn["quantized=" + group.spec.cache_dtype] += 1
+    return drawn
+
+
+@pytest.mark.parametrize("version", ["0.19.1", "0.22.0", "0.25.0", "0.29.0", "0.32.0", "0.33.0", "0.34.0"])
+def test_every_generation_reaches_the_whole_surface_it_has(version):
+    """One release per generation (and 0.25, where the CPU runner's zeroer appears): each runner, packing, consumer and
+    quantized cache dtype the release has, and vLLM-built specs where its layers build, are drawn."""
+    info = release_info(version)
+    drawn = surface_counts(info, sample=2000)
+    wanted = (["runner=" + r for r in ("v1", "both") if "v1" in info.runners] + ["packing=" + p for p in info.packings]
+              + ["consumer=" + c for c in info.consumers] + (["spec_source=vllm"] if info.layer_kinds else [])
+              + ["quantized=" + d for d in info.cache_dtypes if d not in ("auto", "bfloat16", "float16", "float32")
+                 and any(d in b.cache_dtypes for b in info.backends)])
+    print(version, " ".join(f"{option}:{drawn[option]}" for option in sorted(wanted)))
+    assert not [option for option in wanted if drawn[option] == 0], {option: drawn[option] for option in wanted}
