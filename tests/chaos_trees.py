@@ -100,8 +100,11 @@ def _controlled(facts):
     if control.get("witness"):
         with open(control["witness"], "a") as witness:
             witness.write(facts["shape"] + "\\n")
-    return (control.get("all") or control.get("cases", {{}}).get(facts["shape"])
-            or (control.get("repeated") if facts["repeated"] else None))
+    # A repeat misbehaves only for the groups of a chosen case (its shrinking candidates), not for a case that two
+    # model runners view one after the other.
+    chosen = {{shape.rsplit("x", 1)[0] for shape in control.get("cases", {{}})}}
+    repeat = facts["repeated"] and (not chosen or facts["shape"].rsplit("x", 1)[0] in chosen)
+    return control.get("all") or control.get("cases", {{}}).get(facts["shape"]) or (control.get("repeated") if repeat else None)
 
 
 {decorator}

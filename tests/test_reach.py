@@ -12,6 +12,7 @@ from fuzz.targets.base import TargetInfo
 
 pytestmark = [pytest.mark.releases, pytest.mark.slow]
 SAMPLE = 4000
+PLAIN_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 def release_info(version: str) -> TargetInfo:
@@ -75,7 +76,7 @@ def surface_counts(info: TargetInfo, sample: int = SAMPLE, seed: int = 1) -> Cou
         for consumer in case.touches.consumers if case.touches is not None else ():
             drawn["consumer=" + consumer] += 1
         for group in case.groups:
-            if group.spec.kind != "mamba" and group.spec.kv_quant_mode != "none":
+            if group.spec.kind != "mamba" and group.spec.cache_dtype not in PLAIN_CACHE_DTYPES:
                 drawn["quantized=" + group.spec.cache_dtype] += 1
     return drawn
 
@@ -88,7 +89,7 @@ def test_every_generation_reaches_the_whole_surface_it_has(version):
     drawn = surface_counts(info, sample=2000)
     wanted = (["runner=" + r for r in ("v1", "both") if "v1" in info.runners] + ["packing=" + p for p in info.packings]
               + ["consumer=" + c for c in info.consumers] + (["spec_source=vllm"] if info.layer_kinds else [])
-              + ["quantized=" + d for d in info.cache_dtypes if d not in ("auto", "bfloat16", "float16", "float32")
+              + ["quantized=" + d for d in info.cache_dtypes if d not in PLAIN_CACHE_DTYPES
                  and any(d in b.cache_dtypes for b in info.backends)])
     print(version, " ".join(f"{option}:{drawn[option]}" for option in sorted(wanted)))
     assert not [option for option in wanted if drawn[option] == 0], {option: drawn[option] for option in wanted}

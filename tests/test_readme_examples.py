@@ -157,4 +157,4 @@ def test_readme_command_runs(command, tmp_path):
     if not stopped:
         assert process.returncode in (0, 1), output[-2000:]
     else:
-        assert argv[0] in ("run", "selftest", "ci"), f"only campaigns may outlast the limit: {output[-2000:]}"
+        assert argv[0] in ("run", "selftest", "ci", "mutate"), f"only campaigns may outlast the limit: {output[-2000:]}"

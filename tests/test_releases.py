@@ -348,7 +348,8 @@ RELEASES = ("0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1"
             "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 # Checks a release may have off by design: 0.19-0.21's reshape takes no KV-sharing layers; 0.34's
 # x86 CPU platform refuses to configure without triton-cpu (the layout code needs no kernel).
-BY_DESIGN = ("kv-sharing: vllm.v1.worker.gpu.attn_utils._reshape_kv_cache takes no shared_kv_cache_layers", "platform configuration: ")
+BY_DESIGN = ("kv-sharing: vllm.v1.worker.gpu.attn_utils._reshape_kv_cache takes no shared_kv_cache_layers", "platform configuration: ",
+             "vllm-built specs: MLAAttention.get_kv_cache_spec reads ", "v1 runner: no GPUModelRunner")
 
 
 @pytest.mark.releases

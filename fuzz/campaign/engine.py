@@ -44,7 +44,7 @@ from fuzz.verdict.runner import run_case
 
 MIN_BATCH, MAX_BATCH = 8, 256
 STOP_GRACE = 2.0  # seconds the batches running at the deadline get to finish before they are stopped
-FIRST_CASES = 8  # cases that must reach vLLM before a campaign trusts that kvfuzz's calls fit it
+FIRST_CASES = 8  # kvfuzz's calls not fitting vLLM this often, before any case passed, stop the campaign
 RERUNS = {"hang": 2}  # fresh-worker reruns a process finding must fail in (1 for the other kinds)
 
 
@@ -183,7 +183,7 @@ class Campaign:
         self.id = uuid.uuid4().hex
         self.until = until
         self.reason = ""  # why the loop ends, once it must
-        self.reached = 0  # cases that reached vLLM, until one shows that kvfuzz's calls fit it
+        self.reached = 0  # cases that passed, until one shows that kvfuzz's calls fit this vLLM
         self.mismatched: Counter[str] = Counter()
         self.calls_fit = False
 
@@ -346,11 +346,13 @@ class Campaign:
         (the adapter does not fit this vLLM): those are not vLLM's findings."""
         if self.calls_fit:
             return
-        self.reached += sum(n for status, n in verdicts.items() if status not in ("skipped", "unbuildable"))
+        # Only a case that passed went through every call kvfuzz makes: one that vLLM refused or failed early (in the
+        # planner, say) proves nothing about the calls after it.
+        self.reached += verdicts.get("pass", 0)
         self.mismatched.update(mismatches)
-        if self.reached > sum(self.mismatched.values()):
+        if self.reached:
             self.calls_fit = True
-        elif self.reached >= FIRST_CASES:
+        elif sum(self.mismatched.values()) >= FIRST_CASES:
             self._fail(self.mismatched.most_common(1)[0][0])
 
     def _on_finding(self, worker: int, payload: dict[str, Any]) -> None:
