@@ -358,7 +358,11 @@ def test_a_target_kvfuzz_calls_wrongly_is_a_one_line_error_not_findings(tmp_path
     line = one_error_line(result.stderr)
     assert "allocate_kv_cache(kv_cache_config, device, layout)" in line and "takes 3 positional arguments but 4 were given" in line
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["findings"] == [] and report["flaky"] == [] and not list((tmp_path / "corpus").glob("*.json"))
+    # kvfuzz's own calls are never findings. The tree's V1 runner calling its own allocate_kv_cache with 4 arguments is
+    # vLLM's code not fitting vLLM's code: that one may be reported (named after the runner method that made the call).
+    ours = [f for f in report["findings"] if f["function"] != "initialize_kv_cache_tensors"]
+    assert ours == [] and report["flaky"] == []
+    assert all(json.loads(p.read_text())["function"] == "initialize_kv_cache_tensors" for p in (tmp_path / "corpus").glob("*.json"))
 
 
 @pytest.fixture(scope="module")
