@@ -274,9 +274,8 @@ def _with_options(source: Source, info: TargetInfo, case: Case) -> Case:
     from layers, each drawn where the target has it (simplest option first)."""
     runner = source.choice(RUNNERS if "v1" in info.runners else RUNNERS[:1])
     packing = "none"
-    if len(info.packings) > 1 and len(case.groups) > 1 and source.chance(30):
-        # DeepSeek V4's UniformTypeKVCacheSpecs groups hold attention layers only.
-        offered = [p for p in PACKINGS[1:] if p in info.packings and (p != "uniform_type" or all(g.spec.is_attention for g in case.groups))]
+    if len(info.packings) > 1 and source.chance(30):
+        offered = [p for p in PACKINGS[1:] if p in info.packings and packing_reason(case, info, p) is None]
         packing = source.choice(offered) if offered else "none"
     spec_source = "case"
     if info.layer_kinds and layer_reason(replace(case, spec_source="vllm"), info) is None and source.chance(50):
@@ -285,6 +284,24 @@ def _with_options(source: Source, info: TargetInfo, case: Case) -> Case:
     if packing != "none" and not source.chance(KEEP_REJECTED) and not oracles.expect(options, info.contract).accepted:
         source.reject()
     return options
+
+
+def packing_reason(case: Case, info: TargetInfo, packing: str) -> str | None:
+    """Why vLLM's planner never sees these groups with this packing (None: it can): cross-layer blocks need several groups;
+    UniformTypeKVCacheSpecs hold attention layers only, one group of them ("all layers have the same type of KV cache but
+    with different hidden sizes"), or several (DeepSeek V4) where the release packs slabs."""
+    if packing == "none":
+        return None
+    if packing not in info.packings:
+        return f"this vLLM packs no {packing} slabs"
+    if packing == "cross_layers" and len(case.groups) < 2:
+        return "cross-layer blocks pack several KV-cache groups"
+    if packing == "uniform_type":
+        if not all(g.spec.is_attention for g in case.groups):
+            return "UniformTypeKVCacheSpecs hold attention layers only"
+        if len(case.groups) > 1 and info.contract.packing == "none":
+            return "this vLLM plans one group of UniformTypeKVCacheSpecs only"
+    return None
 
 
 def layer_reason(case: Case, info: TargetInfo) -> str | None:
@@ -556,8 +573,8 @@ def unrealistic(case: Case, info: TargetInfo) -> str | None:
     attention = [g for g in case.groups if g.spec.kind != "mamba"]
     if case.runner not in RUNNERS[:1] and "v1" not in info.runners:
         return "this vLLM has no V1 model runner"
-    if case.packing not in info.packings or (case.packing == "uniform_type" and len(attention) < len(case.groups)):
-        return f"this vLLM packs no {case.packing} slabs of these groups"
+    if (why := packing_reason(case, info, case.packing)) is not None:
+        return why
     if case.spec_source == "vllm" and (why := layer_reason(case, info)) is not None:
         return why
     for group in attention:

@@ -351,6 +351,15 @@ def v1_contract(v2: Contract) -> Contract:
 # --- packed per-block slabs (backend-shaped contracts, 0.24 - 0.28)
 
 
+@rule("vllm/config/cache.py CacheConfig.num_gpu_blocks_override: 'Number of GPU blocks to use. This overrides the profiled "
+      "`num_gpu_blocks` if specified. Does nothing if `None`.'; get_kv_cache_config_from_groups (<= 0.28) takes 'available_memory: "
+      "Memory available for KV cache in bytes' and get_num_blocks: 'Get the number of kv cache blocks' from it")
+def fitted_blocks(available_memory: int, bytes_per_block: int) -> int:
+    """Without the override, the planner gives the most blocks the memory holds: as many whole blocks of the bytes its own plan
+    spends per block (the override's plan measures them) as fit in the available memory, none below zero."""
+    return max(available_memory // bytes_per_block, 0)
+
+
 @rule("vllm/v1/core/kv_cache_utils.py _use_packed_kv_cache_config (0.24-0.28): packs when every group's spec is a "
       "UniformTypeKVCacheSpecs (DeepSeek V4) or `enable_cross_layers and len(kv_cache_groups) > 1` (kv_connector_extra_config "
       "'enable_cross_layers_blocks', 'an experimental API', issue #42082); one UniformTypeKVCacheSpecs group is the special case "

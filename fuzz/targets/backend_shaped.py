@@ -68,10 +68,13 @@ class BackendShapedTarget(Adapter):
             self.off["kv-sharing"] = f"{reshape.where} takes no shared_kv_cache_layers; cases with KV-sharing layers are not drawn"
         # A backend's declaration depends only on these arguments: ask it once per combination.
         self._declared: dict[tuple[Any, ...], tuple[tuple[int | str, ...], tuple[int, ...]]] = {}
+        # Every release plans a group of same-type layers with different hidden sizes (UniformTypeKVCacheSpecs); only
+        # releases that pack slabs also take several such groups (DeepSeek V4) or cross-layer blocks.
         packings = ("none",)
-        if self.contract.packing != "none":
-            packings += tuple(name for name, needs in (("cross_layers", self.transfer_config), ("uniform_type", self.uniform_specs))
-                              if needs is not None)
+        if self.contract.packing != "none" and self.transfer_config is not None:
+            packings += ("cross_layers",)
+        if self.uniform_specs is not None:
+            packings += ("uniform_type",)
         self.info = self.target_info(self.contract, ("NHD", "HND"), packings=packings)
 
     def _probe_contract(self, entry_points: Probe) -> Contract:

@@ -158,6 +158,9 @@ class Outcome:
     runner: str = "v2"
     # What the consumers and the kernel probe touched (fuzz/targets/consumers.py, kernel_probe.py): plain JSON.
     touches: dict[str, Any] | None = None
+    # Planners that size the cache from memory (<= 0.28): the same groups planned again without the block-count override
+    # (fuzz/targets/planner_fit.py): memory, bytes per block of the override's plan, and the blocks and tensor bytes given.
+    planner_fit: dict[str, Any] | None = None
 
     @property
     def raised(self) -> bool:
@@ -190,6 +193,7 @@ class Outcome:
             specs={int(k): dict(v) for k, v in data.get("specs", {}).items()},
             runner=data.get("runner", "v2"),
             touches=data.get("touches"),
+            planner_fit=data.get("planner_fit"),
         )
 
 

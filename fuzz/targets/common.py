@@ -25,8 +25,8 @@ import torch
 import oracles
 from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend, layout_as
 from fuzz.errors import BrokenDeclaration, CaseMismatch, Inexpressible, TargetError
-from fuzz.space import choose_kernel_block_size, layer_reason
-from fuzz.targets import consumers, kernel_probe
+from fuzz.space import choose_kernel_block_size, layer_reason, packing_reason
+from fuzz.targets import consumers, kernel_probe, planner_fit
 from fuzz.targets.base import BackendInfo, BufferRecord, Execution, Outcome, TargetInfo, ViewRecord, probe_kind
 from fuzz.targets.calls import call_mismatch
 from fuzz.targets.entry_points import Probe
@@ -236,6 +236,7 @@ class Prepared:
     kernel_block_sizes: list[int]
     used: dict[int, int]  # kernel block size per group, as vLLM derives it for the views it binds
     views: Callable[[], tuple[dict[str, Any], list[torch.Tensor]]]  # the V2 runner's call under test
+    planner_fit: dict[str, Any] | None = None  # the groups planned from memory, no override (fuzz/targets/planner_fit.py)
 
     def __call__(self) -> tuple[dict[str, Any], list[torch.Tensor], dict[int, int]]:
         made, raw = self.views()
@@ -526,6 +527,8 @@ class Adapter:
         if case.packing not in info.packings:
             return (f"field packing: vLLM {info.vllm_version} packs no {case.packing} slabs "
                     "(from 0.29 block-outermost layouts are the packed form)")
+        if (why := packing_reason(case, info, case.packing)) is not None:
+            return f"field packing: {why}"
         if case.spec_source == "vllm":
             reason = layer_reason(case, info)
             if reason is not None:
@@ -713,7 +716,7 @@ class Adapter:
                                        self.config, device)
         else:
             views, raw = prepared.views()
-        outcome = self.record(views, raw, dict(case.kv_sharing), prepared.used)
+        outcome = dataclasses.replace(self.record(views, raw, dict(case.kv_sharing), prepared.used), planner_fit=prepared.planner_fit)
         kind = probe_kind(probe)
         if device.type == "meta":
             return outcome
@@ -780,6 +783,7 @@ class Adapter:
         self.configure_layout(case.layout)
         with self.packing(case):
             config = self.plan(groups, case.num_blocks)
+            fitted = self.fit_memory(groups, config, case.num_blocks)
         if case.kv_sharing:
             self.sharing(dict(case.kv_sharing), config.kv_cache_groups)  # type: ignore[misc]
         attn_groups = [self.attention_groups(index, group, spec, config)
@@ -796,7 +800,7 @@ class Adapter:
                 raise CaseMismatch(f"kernel_block_size: the case says {stated}, vLLM derives none ({error})".splitlines()[0]) from None
             check_derived_kernel_sizes(case, used)
         return Prepared(config, attn_groups, kernel_block_sizes, used,
-                        lambda: self.make_views(case, config, attn_groups, kernel_block_sizes, device))
+                        lambda: self.make_views(case, config, attn_groups, kernel_block_sizes, device), fitted)
 
     def group_level_spec(self, case: Case, group: GroupCase, spec: Any) -> Any:
         """The spec a KV-cache group carries: the layer spec, or (case packing "uniform_type", DeepSeek V4) the layers'
@@ -826,6 +830,18 @@ class Adapter:
         assert self.planner is not None
         budget = num_blocks if self.planner.takes("num_blocks") else AVAILABLE_MEMORY
         return self.planner.obj(self.config, groups, budget)
+
+    def fit_memory(self, groups: list[Any], config: Any, num_blocks: int) -> dict[str, Any] | None:
+        """A planner that sizes the cache from memory, asked again without the override (fuzz/targets/planner_fit.py)."""
+        assert self.planner is not None
+        if self.planner.takes("num_blocks"):
+            return None
+        cache_config = self.config.cache_config
+        override, cache_config.num_gpu_blocks_override = cache_config.num_gpu_blocks_override, None
+        try:
+            return planner_fit.fit(lambda memory: self.planner.obj(self.config, groups, memory), config, num_blocks, vllm_failure)
+        finally:
+            cache_config.num_gpu_blocks_override = override
 
     def configure_layout(self, layout: str) -> None:
         pass

@@ -15,6 +15,7 @@ from fuzz.targets.base import Execution, Outcome, Target
 from fuzz.verdict import probe, touch
 from fuzz.verdict.compare import PROCESS_FAILURES, Verdict, compare
 from fuzz.verdict.findings import observed
+from fuzz.verdict.planner import check_planner_fit
 from fuzz.verdict.runners import compare_runners
 from fuzz.verdict.specs import check_specs
 from oracles.expectation import Expectation
@@ -69,6 +70,8 @@ def _judge_outcome(case: Case, outcome: Outcome, target_contract: oracles.Contra
         if difference is not None:
             layer = difference.split(":")[0]
             verdict = Verdict("finding", observed(case, "probe-mismatch", "physical-probe", difference, layer))
+    if verdict.status == "pass" and (misfit := check_planner_fit(case, outcome)) is not None:
+        verdict = Verdict("finding", misfit)
     if verdict.status == "pass" and outcome.touches:
         touched = touch.check(case, expectation, outcome)
         if touched is not None:
