@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from fuzz.campaign.engine import Campaign, CampaignOptions
+from fuzz.campaign.engine import Campaign, CampaignOptions, FoundRecord
 from fuzz.campaign.pool import Pool
 from fuzz.case import to_dict
 from fuzz.corpus import store
@@ -24,23 +24,31 @@ def run(config: dict) -> dict:
     # This process's PYTHONPATH already puts the tree (a mutant's, or the unmutated one) first.
     source = TargetSource(spec="mutant", kind="installed", version=None, python_path=None)
     corpus_dir = Path(config["corpus"])
-    known = set(config.get("known", ()))
+    # Case index at which the unmutated tree first showed each signature: the same seed draws the same case at each index, so
+    # a signature met earlier than that is met on a case where the unmutated tree does not show it.
+    baseline: dict[str, int] = config.get("first_index", {})
+
+    def beyond_baseline(record: FoundRecord) -> bool:
+        return record.index < baseline.get(record.finding.signature, record.index + 1)
+
     try:
         pool = Pool(source, workers=1, case_timeout=config["case_timeout"], max_memory=config["max_memory"])
     except KvfuzzError as error:
         return {"status": "stillborn", "detail": str(error)}
     with pool:
         options = CampaignOptions(device=config["device"], max_time=config["budget"], seed=config["seed"], corpus_dir=corpus_dir,
-                                  synthetic=config["synthetic"], shrink_seconds=config.get("shrink_seconds", 10.0))
-        campaign = Campaign(pool, options, until=lambda record: record.finding.signature not in known if config["stop_at_new"] else False)
+                                  synthetic=config["synthetic"], shrink_seconds=config.get("shrink_seconds", 0.0))
+        campaign = Campaign(pool, options, until=beyond_baseline if config["stop_at_new"] else None)
         report = campaign.run()
-    new = [r for r in report.findings if r.finding.signature not in known]
+    new = [r for r in report.findings if beyond_baseline(r)]
     result: dict = {"status": "found" if new else "quiet", "cases": report.cases, "elapsed_s": round(report.elapsed_s, 2),
-                    "signatures": sorted(r.finding.signature for r in report.findings)}
+                    "signatures": sorted(r.finding.signature for r in report.findings),
+                    "first_index": {r.finding.signature: r.index for r in report.findings}}
     if new:
         first = new[0]
         entry = next(store.entries(first.path))
-        result.update({"signature": first.finding.signature, "kind": first.finding.kind, "case": to_dict(entry.case)})
+        result.update({"signature": first.finding.signature, "kind": first.finding.kind, "index": first.index,
+                       "case": to_dict(entry.case)})
     return result
 
 

@@ -2,10 +2,11 @@
 
 1. reach: the campaign's cases run once on the unmutated tree with the selected functions traced;
    a mutant on a line no case executes is `unreached` and is not run.
-2. baseline: a campaign of twice the budget on the unmutated tree; what it finds is known to
-   every mutant's campaign (a bug vLLM already has kills nothing).
-3. mutants: a campaign of `budget` seconds each, `jobs` at a time, each in a process of its own
-   on a copy of the tree with one edit; it stops at its first finding beyond the baseline.
+2. baseline: a campaign of twice the budget on the unmutated tree; the case index at which it first
+   met each signature is known to every mutant's campaign (a bug vLLM already has kills nothing).
+3. mutants: a campaign of `budget` seconds each from an empty corpus, `jobs` at a time, each in a
+   process of its own on a copy of the tree with one edit; it stops at its first finding beyond the
+   baseline: a new signature, or a known one on an earlier case than the baseline met it.
 4. confirmation: every such finding's case is replayed on the unmutated tree; one that fails
    there the same way was a baseline miss, not a kill.
 Outcomes: killed, survived, unreached, stillborn (the tree does not import), equivalent (listed
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,7 @@ class Session:
     functions: list[Function] = field(default_factory=list)
     results: list[MutantResult] = field(default_factory=list)
     baseline: list[str] = field(default_factory=list)
+    first_index: dict[str, int] = field(default_factory=dict)  # signature -> first case index the unmutated tree showed it at
     reach_cases: int = 0
 
 
@@ -95,6 +97,7 @@ def run_session(source: TargetSource, options: MutateOptions, progress: Callable
         progress(f"baseline campaign on the unmutated tree ({2 * options.budget:g} s)")
         base = _one(source, None, baseline_corpus, options, budget=2 * options.budget, stop_at_new=False, work=work, name="baseline")
         session.baseline = base.get("signatures", [])
+        session.first_index = base.get("first_index", {})
         if base["status"] == "stillborn":
             raise RuntimeError(f"the unmutated tree does not run: {base.get('detail')}")
         pending = []
@@ -108,7 +111,7 @@ def run_session(source: TargetSource, options: MutateOptions, progress: Callable
             else:
                 pending.append(mutant)
         progress(f"{len(pending)} mutants to run, {options.jobs} at a time")
-        found = _run_mutants(source, root, pending, baseline_corpus, options, work, session, progress)
+        found = _run_mutants(source, root, pending, options, work, session, progress)
         _confirm(source, found, session, options)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -177,17 +180,18 @@ def _is_reached(mutant: Mutant, root: Path, reached: dict[str, set[int]]) -> boo
 
 
 def _one(source: TargetSource, tree: Path | None, corpus_dir: Path, options: MutateOptions, *, budget: float, stop_at_new: bool, work: Path,
-         name: str, known: Sequence[str] = ()) -> dict[str, Any]:
+         name: str, first_index: dict[str, int] | None = None) -> dict[str, Any]:
     """Run fuzz.mutate.one to the end (the baseline)."""
-    process, out = _start_one(source, tree, corpus_dir, options, budget=budget, stop_at_new=stop_at_new, work=work, name=name, known=known)
+    process, out = _start_one(source, tree, corpus_dir, options, budget=budget, stop_at_new=stop_at_new, work=work, name=name,
+                              first_index=first_index or {})
     if not _wait(process, budget + START_MARGIN_S):
         return {"status": "stillborn", "detail": f"no result within {budget + START_MARGIN_S:g} s"}
     return json.loads(out.read_text()) if out.exists() else {"status": "stillborn", "detail": f"exited with status {process.returncode}"}
 
 
 def _start_one(source: TargetSource, tree: Path | None, corpus_dir: Path, options: MutateOptions, *, budget: float, stop_at_new: bool,
-               work: Path, name: str, known: Sequence[str]) -> tuple[subprocess.Popen[bytes], Path]:
-    config = {"corpus": str(corpus_dir), "known": list(known), "case_timeout": options.case_timeout,
+               work: Path, name: str, first_index: dict[str, int]) -> tuple[subprocess.Popen[bytes], Path]:
+    config = {"corpus": str(corpus_dir), "first_index": first_index, "case_timeout": options.case_timeout,
               "max_memory": options.max_memory, "device": options.device, "budget": budget, "seed": options.seed,
               "synthetic": options.synthetic, "stop_at_new": stop_at_new}
     config_path, out = work / f"{name}.config.json", work / f"{name}.result.json"
@@ -225,21 +229,21 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
     process.wait()
 
 
-def _run_mutants(source: TargetSource, root: Path, pending: list[Mutant], baseline_corpus: Path, options: MutateOptions, work: Path,
+def _run_mutants(source: TargetSource, root: Path, pending: list[Mutant], options: MutateOptions, work: Path,
                  session: Session, progress: Callable[[str], None]) -> list[tuple[Mutant, dict[str, Any], float]]:
     """Run the mutants' campaigns, `jobs` at a time; the findings to confirm."""
     running: dict[str, tuple[Mutant, subprocess.Popen[bytes], Path, float, Path]] = {}
     found: list[tuple[Mutant, dict[str, Any], float]] = []
     queue = list(pending)
     try:
-        return _drive(source, root, queue, running, found, baseline_corpus, options, work, session, progress)
+        return _drive(source, root, queue, running, found, options, work, session, progress)
     finally:
         for _, process, *_ in running.values():  # only left when a stop request cut the run short
             _kill(process)
 
 
 def _drive(source: TargetSource, root: Path, queue: list[Mutant], running: dict[str, Any], found: list[tuple[Mutant, dict[str, Any], float]],
-           baseline_corpus: Path, options: MutateOptions, work: Path, session: Session,
+           options: MutateOptions, work: Path, session: Session,
            progress: Callable[[str], None]) -> list[tuple[Mutant, dict[str, Any], float]]:
     while queue or running:
         stop.check()
@@ -248,9 +252,9 @@ def _drive(source: TargetSource, root: Path, queue: list[Mutant], running: dict[
             folder = work / mutant.id
             mutant_tree(root, mutant, folder / "tree")
             corpus_dir = folder / "corpus"
-            shutil.copytree(baseline_corpus, corpus_dir) if baseline_corpus.exists() else corpus_dir.mkdir(parents=True)
+            corpus_dir.mkdir(parents=True)
             process, out = _start_one(source, folder / "tree", corpus_dir, options, budget=options.budget, stop_at_new=True, work=folder,
-                                      name="run", known=session.baseline)
+                                      name="run", first_index=session.first_index)
             running[mutant.id] = (mutant, process, out, time.monotonic(), folder)
         time.sleep(0.2)
         for key, (mutant, process, out, started, folder) in list(running.items()):
