@@ -156,3 +156,12 @@ def test_every_process_of_a_session_imports_the_release_under_test_or_its_mutant
     mutant = _python_env(release, tmp_path / "mutant")["PYTHONPATH"].split(":")
     assert mutant[0] == str(tmp_path / "mutant") and str(tmp_path / "0.23.0") not in mutant
     assert str(tmp_path) not in _python_env(TargetSource("installed", "installed", None, None))["PYTHONPATH"]
+
+
+def test_a_known_signature_kills_only_on_a_case_before_the_unmutated_tree_first_showed_it():
+    from fuzz.mutate.one import beyond
+
+    baseline = {"shape | f | x": 40}
+    assert beyond(baseline, "shape | f | x", 12)  # the unmutated tree passed case 12
+    assert not beyond(baseline, "shape | f | x", 40) and not beyond(baseline, "shape | f | x", 90)  # no telling there
+    assert beyond(baseline, "alias | g | y", 500)  # a signature the unmutated tree never showed

@@ -20,16 +20,21 @@ from fuzz.errors import KvfuzzError
 from fuzz.targets.releases import TargetSource
 
 
+def beyond(baseline: dict[str, int], signature: str, index: int) -> bool:
+    """Whether a finding at case `index` is one the unmutated tree does not show on that case. `baseline`: the case index
+    at which the unmutated tree first showed each signature; the same seed draws the same case at each index, so a
+    signature met earlier than that (or never met there) is met on a case where the unmutated tree does not show it."""
+    return index < baseline.get(signature, index + 1)
+
+
 def run(config: dict) -> dict:
     # This process's PYTHONPATH already puts the tree (a mutant's, or the unmutated one) first.
     source = TargetSource(spec="mutant", kind="installed", version=None, python_path=None)
     corpus_dir = Path(config["corpus"])
-    # Case index at which the unmutated tree first showed each signature: the same seed draws the same case at each index, so
-    # a signature met earlier than that is met on a case where the unmutated tree does not show it.
     baseline: dict[str, int] = config.get("first_index", {})
 
     def beyond_baseline(record: FoundRecord) -> bool:
-        return record.index < baseline.get(record.finding.signature, record.index + 1)
+        return beyond(baseline, record.finding.signature, record.index)
 
     try:
         pool = Pool(source, workers=1, case_timeout=config["case_timeout"], max_memory=config["max_memory"])

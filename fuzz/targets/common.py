@@ -25,7 +25,7 @@ import torch
 import oracles
 from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend, layout_as
 from fuzz.errors import BrokenDeclaration, CaseMismatch, Inexpressible, TargetError
-from fuzz.space import choose_kernel_block_size, layer_reason, packing_reason
+from fuzz.space import accepts, choose_kernel_block_size, layer_reason, packing_reason
 from fuzz.targets import consumers, kernel_probe, planner_fit
 from fuzz.targets.base import BackendInfo, BufferRecord, Execution, Outcome, TargetInfo, ViewRecord, probe_kind
 from fuzz.targets.calls import call_mismatch
@@ -798,7 +798,7 @@ class Adapter:
             except ValueError as error:  # vLLM's rule finds no kernel block size for a backend: the case states one
                 stated = [g.kernel_block_size or g.spec.block_size for g in case.groups]
                 raise CaseMismatch(f"kernel_block_size: the case says {stated}, vLLM derives none ({error})".splitlines()[0]) from None
-            check_derived_kernel_sizes(case, used)
+            check_derived_kernel_sizes(case, used, lambda index: declared_kernel_sizes(attn_groups, index))
         return Prepared(config, attn_groups, kernel_block_sizes, used,
                         lambda: self.make_views(case, config, attn_groups, kernel_block_sizes, device), fitted)
 
@@ -873,15 +873,36 @@ class Adapter:
         return Outcome(views=records, buffers=buffers, kernel_block_sizes=used, aliases=aliases)
 
 
-def check_derived_kernel_sizes(case: Case, used: dict[int, int]) -> None:
+def check_derived_kernel_sizes(case: Case, used: dict[int, int], declared: Callable[[int], tuple[int | str, ...] | None]) -> None:
     """A case states each group's kernel block size; vLLM derives it from the backend and the block size. A case that
-    disagrees is a wrong case (CaseMismatch names the field and both values), not a finding about vLLM."""
+    disagrees with a size vLLM may pick (one the group's backend declares for its spec, dividing the block) is a wrong
+    case (CaseMismatch names the field and both values), not a finding about vLLM. A derived size that breaks the
+    backend's declaration or does not divide the block is vLLM's choice gone wrong: the views it builds are judged."""
     for index, group in enumerate(case.groups):
         derived = used.get(index)
         stated = group.kernel_block_size or group.spec.block_size
-        if derived is not None and derived != stated:
-            raise CaseMismatch(f"groups[{index}].kernel_block_size: the case says {stated}, vLLM derives {derived} "
-                               f"for {group.backend_name} and block size {group.spec.block_size}")
+        if derived is None or derived == stated:
+            continue
+        sizes = declared(index)
+        if sizes is not None and (group.spec.block_size % derived or not accepts(sizes, derived)):
+            continue
+        raise CaseMismatch(f"groups[{index}].kernel_block_size: the case says {stated}, vLLM derives {derived} "
+                           f"for {group.backend_name} and block size {group.spec.block_size}")
+
+
+def declared_kernel_sizes(attn_groups: list[list[Any]], index: int) -> tuple[int | str, ...] | None:
+    """The kernel block sizes group `index`'s backend declares for its spec (ints, or "xN"); None when it cannot say."""
+    if index >= len(attn_groups) or not attn_groups[index]:
+        return None
+    backend, spec = attn_groups[index][0].backend, attn_groups[index][0].kv_cache_spec
+    ask = getattr(backend, "get_supported_kernel_block_sizes", None)
+    if ask is None:
+        return None
+    try:
+        sizes = ask(spec)
+    except TypeError:  # releases whose backends take no spec
+        sizes = ask()
+    return tuple(kernel_size_label(size) for size in sizes)
 
 
 def _obj(found: Any) -> Any:
