@@ -796,6 +796,8 @@ class Adapter:
                 kernel_block_sizes = self.kernel_choice(config, attn_groups)  # type: ignore[misc]
                 used = self.kernel_sizes_used(attn_groups, kernel_block_sizes)
             except ValueError as error:  # vLLM's rule finds no kernel block size for a backend: the case states one
+                if stated_kernel_sizes_declared(case, attn_groups):
+                    raise  # vLLM refuses a size the backend declares: judged as vLLM's refusal
                 stated = [g.kernel_block_size or g.spec.block_size for g in case.groups]
                 raise CaseMismatch(f"kernel_block_size: the case says {stated}, vLLM derives none ({error})".splitlines()[0]) from None
             check_derived_kernel_sizes(case, used, lambda index: declared_kernel_sizes(attn_groups, index))
@@ -888,6 +890,21 @@ def check_derived_kernel_sizes(case: Case, used: dict[int, int], declared: Calla
             continue
         raise CaseMismatch(f"groups[{index}].kernel_block_size: the case says {stated}, vLLM derives {derived} "
                            f"for {group.backend_name} and block size {group.spec.block_size}")
+
+
+def stated_kernel_sizes_declared(case: Case, attn_groups: list[list[Any]]) -> bool:
+    """Whether every group whose backend can say declares the case's kernel block size for its spec and the size divides
+    the block (at least one group can say)."""
+    said = False
+    for index, group in enumerate(case.groups):
+        sizes = declared_kernel_sizes(attn_groups, index)
+        if sizes is None:
+            continue
+        stated = group.kernel_block_size or group.spec.block_size
+        if group.spec.block_size % stated or not accepts(sizes, stated):
+            return False
+        said = True
+    return said
 
 
 def declared_kernel_sizes(attn_groups: list[list[Any]], index: int) -> tuple[int | str, ...] | None:
