@@ -1,13 +1,13 @@
 """The planner-fit check: planned from memory without the block-count override, the groups hold the blocks
 that memory fits at the bytes per block the override's plan spends, in tensors of that many blocks
-(fuzz/targets/planner_fit.py asks; oracles/contract.py `fitted_blocks` says how many)."""
+(fuzz/targets/planner_fit.py asks; oracles/planner.py says how many)."""
 
 from __future__ import annotations
 
 from fuzz.case import Case
 from fuzz.targets.base import Outcome
 from fuzz.verdict.findings import Finding, observed
-from oracles import contract
+from oracles import planner
 
 PLANNER = "get_kv_cache_config_from_groups"
 
@@ -17,7 +17,7 @@ def check_planner_fit(case: Case, outcome: Outcome) -> Finding | None:
     if fit is None:
         return None
     memory, per_block = fit["memory"], fit["bytes_per_block"]
-    expected = contract.fitted_blocks(memory, per_block)
+    expected, expected_bytes = planner.fitted(memory, per_block)
     if "error" in fit:
         if expected == 0 and fit["error"].startswith("ValueError"):
             return None  # memory for no block at all: refusing it with a message is the planner's right
@@ -25,7 +25,7 @@ def check_planner_fit(case: Case, outcome: Outcome) -> Finding | None:
     if fit["num_blocks"] != expected:
         return observed(case, "planner-fit", PLANNER,
                         f"{memory} bytes of memory at {per_block} bytes per block give {fit['num_blocks']} blocks instead of {expected}")
-    if fit["tensor_bytes"] != fit["num_blocks"] * per_block:
+    if fit["tensor_bytes"] != expected_bytes:
         return observed(case, "planner-fit", PLANNER, f"{fit['num_blocks']} blocks planned from memory take {fit['tensor_bytes']} bytes "
-                        f"of tensors instead of {fit['num_blocks'] * per_block}")
+                        f"of tensors instead of {expected_bytes}")
     return None
