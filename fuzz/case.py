@@ -66,7 +66,10 @@ SPEC_SOURCES = ("case", "vllm")
 # letters say it): not at all, the cross-layer-blocks connector setting, or DeepSeek V4's
 # UniformTypeKVCacheSpecs groups.
 PACKINGS = ("none", "cross_layers", "uniform_type")
-CASE_OPTION_DEFAULTS = {"runner": RUNNERS[0], "spec_source": SPEC_SOURCES[0], "packing": PACKINGS[0]}
+# The platform vLLM's allocation believes it runs on: from 0.29 ROCm pads the one backing buffer
+# (oracles/contract.py, backing_allocation_bytes); the views are the same on every platform.
+PLATFORMS = ("cuda", "rocm")
+CASE_OPTION_DEFAULTS = {"runner": RUNNERS[0], "spec_source": SPEC_SOURCES[0], "packing": PACKINGS[0], "platform": PLATFORMS[0]}
 
 
 def layout_as(layout: str, offered: tuple[str, ...]) -> str | None:
@@ -200,12 +203,25 @@ class GroupCase:
     # step: the cache shape pattern and its stride order. Inputs of the oracle, not of vLLM.
     declared_shape: tuple[int | str, ...] | None = None
     declared_stride_order: tuple[int, ...] | None = None
+    # Layers of one type that differ in size (vLLM's UniformTypeKVCacheSpecs, packing "uniform_type"): each
+    # layer's KV heads, in layer order. Empty: every layer has spec.num_kv_heads.
+    layer_heads: tuple[int, ...] = ()
 
     @property
     def backend_name(self) -> str:
         if self.synthetic_backend is not None:
             return SYNTHETIC_PREFIX + self.synthetic_backend.name
         return self.backend or "none"
+
+    def layer_spec(self, position: int) -> SpecCase:
+        """The spec of the group's layer at `position`."""
+        if not self.layer_heads:
+            return self.spec
+        return dataclasses.replace(self.spec, num_kv_heads=self.layer_heads[position])
+
+    @property
+    def layer_specs(self) -> tuple[SpecCase, ...]:
+        return tuple(self.layer_spec(i) for i in range(len(self.layers)))
 
 
 @dataclass(frozen=True)
@@ -240,6 +256,7 @@ class Case:
     runner: str = "v2"
     spec_source: str = "case"
     packing: str = "none"
+    platform: str = "cuda"
     schema: int = SCHEMA_VERSION
     touches: Touches | None = None
 
@@ -264,7 +281,7 @@ class Case:
     def describe(self) -> str:
         kinds = "+".join(g.spec.kind for g in self.groups)
         backends = "+".join(g.backend_name for g in self.groups)
-        extras = [value for value, default in ((self.runner, "v2"), (self.spec_source, "case"), (self.packing, "none")) if value != default]
+        extras = [getattr(self, name) for name, default in CASE_OPTION_DEFAULTS.items() if getattr(self, name) != default]
         return f"{kinds}/{backends}/{self.layout}" + "".join(f"/{extra}" for extra in extras)
 
 
@@ -288,6 +305,9 @@ def to_dict(case: Case) -> dict[str, Any]:
             del data[name]
     if case.touches is None:
         del data["touches"]  # cases without consumers keep the JSON (and content hash) they always had
+    for group in data["groups"]:
+        if not group["layer_heads"]:
+            del group["layer_heads"]
     return data
 
 
@@ -302,7 +322,7 @@ def from_dict(data: Any) -> Case:
     _expect(schema == SCHEMA_VERSION, "schema", f"is {schema!r}, this kvfuzz reads {SCHEMA_VERSION}")
     _known_keys(data, Case, "case")
     groups_raw = data.get("groups")
-    _expect(isinstance(groups_raw, list) and groups_raw, "groups", "must be a non-empty list")
+    _expect(isinstance(groups_raw, list), "groups", "must be a list (empty for an attention-free model)")
     groups = tuple(_group_from_dict(g, f"groups[{i}]") for i, g in enumerate(groups_raw))
     sharing = data.get("kv_sharing", {})
     _expect(isinstance(sharing, dict), "kv_sharing", "must map a layer name to its target")
@@ -348,7 +368,7 @@ def load(path: str | Path) -> Case:
 def validate(case: Case) -> None:
     """Consistency rules every case obeys, whatever the target."""
     _expect(case.layout in LAYOUTS, "layout", f"{case.layout!r} is not one of {', '.join(LAYOUTS)}")
-    for name, options in (("runner", RUNNERS), ("spec_source", SPEC_SOURCES), ("packing", PACKINGS)):
+    for name, options in (("runner", RUNNERS), ("spec_source", SPEC_SOURCES), ("packing", PACKINGS), ("platform", PLATFORMS)):
         value = getattr(case, name)
         _expect(value in options, name, f"{value!r} is not one of {', '.join(options)}")
     _expect(case.device in (None, "cpu", "cuda") or str(case.device).startswith("cuda:"), "device", f"{case.device!r} is not cpu or cuda")
@@ -367,6 +387,12 @@ def validate(case: Case) -> None:
                 f"{where}.backend",
                 "an attention group names exactly one of backend / synthetic_backend",
             )
+        if group.layer_heads:
+            _expect(len(group.layer_heads) == len(group.layers), f"{where}.layer_heads", "must give one head count per layer")
+            _expect(all(h >= 1 for h in group.layer_heads), f"{where}.layer_heads", "head counts must be positive")
+            _expect(group.spec.is_attention and not group.spec.is_mla, f"{where}.layer_heads",
+                    "only attention layers with KV heads (not MLA) differ in heads")
+            _expect(case.packing == "uniform_type", f"{where}.layer_heads", "layers that differ in size need packing uniform_type")
         kbs = group.kernel_block_size
         if kbs is not None:
             _expect(kbs >= 1, f"{where}.kernel_block_size", "must be positive")
@@ -491,7 +517,13 @@ def _group_from_dict(data: Any, where: str) -> GroupCase:
         kernel_block_size=None if kbs is None else _int(kbs, f"{where}.kernel_block_size", minimum=1),
         declared_shape=_optional_tuple(data.get("declared_shape"), f"{where}.declared_shape"),
         declared_stride_order=_optional_tuple(data.get("declared_stride_order"), f"{where}.declared_stride_order"),
+        layer_heads=_int_tuple(data.get("layer_heads", []), f"{where}.layer_heads"),
     )
+
+
+def _int_tuple(values: Any, where: str) -> tuple[int, ...]:
+    _expect(isinstance(values, list), where, "must be a list of positive integers")
+    return tuple(_int(v, where, minimum=1) for v in values)
 
 
 def _optional_tuple(value: Any, where: str) -> tuple[Any, ...] | None:

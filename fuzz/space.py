@@ -70,6 +70,8 @@ SCALES = ("small", "production")
 # A case the contract rejects is kept this often (percent); the others are redrawn, so most cases
 # test layouts vLLM must build while refusals stay covered.
 KEEP_REJECTED = 30
+# Models with no KV cache at all (attention-free: the planner's early return), percent of cases.
+ATTENTION_FREE = 2
 
 
 class Source(Protocol):
@@ -263,6 +265,8 @@ def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_grou
         source.reject()
     # Drawn last, so the rest of a case depends on (seed, index) as it did before these options existed.
     case = _with_options(source, info, case)
+    if info.attention_free and source.chance(ATTENTION_FREE):
+        return Case(groups=(), num_blocks=case.num_blocks, layout=case.layout)
     if not touches:
         return case
     # Drawn after them, so the layout a seed draws does not depend on them (campaigns keep them on some cases only: for_run).
@@ -270,20 +274,43 @@ def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_grou
 
 
 def _with_options(source: Source, info: TargetInfo, case: Case) -> Case:
-    """The case with the model runner(s) that build its views, how the planner packs it, and whether vLLM builds its specs
-    from layers, each drawn where the target has it (simplest option first)."""
+    """The case with the model runner(s) that build its views, how the planner packs it, whether vLLM builds its specs
+    from layers and the platform its allocation runs as, each drawn where the target has it (simplest option first)."""
     runner = source.choice(RUNNERS if "v1" in info.runners else RUNNERS[:1])
     packing = "none"
     if len(info.packings) > 1 and source.chance(30):
         offered = [p for p in PACKINGS[1:] if p in info.packings and packing_reason(case, info, p) is None]
         packing = source.choice(offered) if offered else "none"
+    if packing == "uniform_type" and info.contract.layout_placed:
+        # From 0.29 vLLM's planner sees a UniformTypeKVCacheSpecs group only for layers that differ in size.
+        case = replace(case, groups=tuple(_differing_heads(source, g) for g in case.groups))
     spec_source = "case"
     if info.layer_kinds and layer_reason(replace(case, spec_source="vllm"), info) is None and source.chance(50):
         spec_source = "vllm"
-    options = replace(case, runner=runner, packing=packing, spec_source=spec_source)
+    # ROCm's answers change only the backing allocation, so a few cases are enough.
+    platform = source.choice(info.platforms[1:]) if len(info.platforms) > 1 and source.chance(15) else info.platforms[0]
+    options = replace(case, runner=runner, packing=packing, spec_source=spec_source, platform=platform)
     if packing != "none" and not source.chance(KEEP_REJECTED) and not oracles.expect(options, info.contract).accepted:
         source.reject()
     return options
+
+
+def _differing_heads(source: Source, group: GroupCase) -> GroupCase:
+    """The group's layers with KV heads of their own (one type, different sizes: vLLM's UniformTypeKVCacheSpecs), where
+    its layers have heads: 1 to MAX_HEADS each (at most the group's own count under a padded page, which then still holds
+    every layer's page), the group's own count among them."""
+    spec = group.spec
+    most = spec.num_kv_heads if spec.page_size_padded is not None else MAX_HEADS
+    heads = [spec.num_kv_heads if source.chance(40) else edge_int(source, 1, most) for _ in group.layers]
+    if len(set(heads)) == 1:
+        heads[-1] = heads[-1] % most + 1
+    return dataclasses.replace(group, layer_heads=tuple(heads))
+
+
+def _can_differ(group: GroupCase) -> bool:
+    spec = group.spec
+    most = spec.num_kv_heads if spec.page_size_padded is not None else MAX_HEADS
+    return len(group.layers) > 1 and spec.is_attention and not spec.is_mla and spec.num_head_slots is None and most > 1
 
 
 def packing_reason(case: Case, info: TargetInfo, packing: str) -> str | None:
@@ -301,6 +328,8 @@ def packing_reason(case: Case, info: TargetInfo, packing: str) -> str | None:
             return "UniformTypeKVCacheSpecs hold attention layers only"
         if len(case.groups) > 1 and info.contract.packing == "none":
             return "this vLLM plans one group of UniformTypeKVCacheSpecs only"
+        if info.contract.layout_placed and not all(_can_differ(g) for g in case.groups):
+            return "from 0.29 a UniformTypeKVCacheSpecs group holds layers with KV heads that differ in size"
     return None
 
 
@@ -313,6 +342,8 @@ def layer_reason(case: Case, info: TargetInfo) -> str | None:
         spec = group.spec
         if spec.kind not in info.layer_kinds:
             return f"field spec_source: kvfuzz builds no {spec.kind} layer for vLLM {info.vllm_version}"
+        if group.layer_heads:
+            return "field spec_source: kvfuzz builds layers of one size per group"
         if group.backend is None or group.backend not in info.layer_backends:
             return f"field spec_source: no {group.backend_name} layer builds here"
         if spec.cache_dtype == "auto" and spec.dtype not in MODEL_DTYPES:
@@ -620,7 +651,7 @@ def choose_kernel_block_size(block_size: int, sizes: Sequence[int | str]) -> int
 
 
 def buffer_bytes(case: Case) -> int:
-    return case.num_blocks * sum(len(g.layers) * pages.page(g.spec).page_bytes for g in case.groups)
+    return case.num_blocks * sum(pages.page(spec).page_bytes for g in case.groups for spec in g.layer_specs)
 
 
 __all__ = ["DTYPE_SIZES", "RandomSource", "Rejected", "Source", "accepts", "buffer_bytes", "case_seed", "choose_kernel_block_size", "draw_case",

@@ -61,7 +61,7 @@ elements, and the spec must carry the quant mode its handler returns.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -202,6 +202,41 @@ def block_outermost_pitch(group_bytes_per_block: list[int], alignments: list[int
     widest = max(group_bytes_per_block)
     multiple = math.lcm(*alignments) if alignments else 1
     return -(-widest // multiple) * multiple
+
+
+@rule("vllm/v1/worker/utils.py allocate_kv_cache (0.29+): '``torch.zeros(size, int8)``' of the KVCacheTensors' one shared size; "
+      "on ROCm 'Pad to the page granularity MoRIIO needs to register the shared backing as a single RDMA memory region. Other "
+      "platforms keep the exact-size allocation (see #53974)', page granularity 4096")
+def backing_allocation_bytes(laid_out: int, platform: str) -> int:
+    """The one backing buffer holds exactly the bytes the layout spans; on ROCm it is rounded up to whole 4096-byte pages."""
+    if platform != "rocm":
+        return laid_out
+    return -(-laid_out // ROCM_ALLOCATION_GRANULARITY) * ROCM_ALLOCATION_GRANULARITY
+
+
+ROCM_ALLOCATION_GRANULARITY = 4096
+
+
+@rule("vllm/v1/core/kv_cache_utils.py get_kv_cache_config_from_groups: 'Attention free models do not have KV cache. Return "
+      "num_blocks=1 as BlockPool always needs a null_block.'; vllm/config/cache.py CacheConfig.num_gpu_blocks_override: 'This "
+      "overrides the profiled `num_gpu_blocks` if specified'")
+def planned_blocks(override: int, attention_free: bool) -> int:
+    """Under the block-count override a plan has the override's blocks; a model with no KV cache has one, the block pool's
+    null block, and no tensors."""
+    return 1 if attention_free else override
+
+
+@rule("vllm/v1/core/kv_cache_utils.py get_kv_cache_config_from_groups (0.29+): a UniformTypeKVCacheSpecs group ('all layers have "
+      "the same type of KV cache but with different hidden sizes') is bucketed by spec (`layers_by_spec[spec].append(layer_name)`, "
+      "first seen first), one KVCacheTensor a bucket at `offset=byte_offset`, and 'Block-outer layers share each block; "
+      "layer-outer ones own regions'")
+def same_spec_runs(layer_specs: Sequence[Hashable]) -> list[list[int]]:
+    """A group's layers that differ in size are placed in runs of one spec each, in the order each spec first appears; a run
+    starts where the previous run's layers end (inside every block for block-outermost layouts, after its regions otherwise)."""
+    runs: dict[Hashable, list[int]] = {}
+    for position, spec in enumerate(layer_specs):
+        runs.setdefault(spec, []).append(position)
+    return list(runs.values())
 
 
 @rule("vllm/v1/core/kv_cache_utils.py _get_layer_block_stride (0.32): 'A layer-outer block stride: the page padded to its "

@@ -93,6 +93,8 @@ class LayerExpectation:
 class Expectation:
     contract: str
     buffers: tuple[int, ...] = ()  # bytes each raw buffer must hold at least
+    exact_buffers: bool = False  # and no more: vLLM allocates exactly them (one backing allocation, 0.29+)
+    planned_blocks: int | None = None  # the blocks the planner's config must give (None: not checked)
     layers: dict[str, LayerExpectation] = field(default_factory=dict)
     kv_sharing: dict[str, str] = field(default_factory=dict)
     kernel_block_sizes: dict[int, int] = field(default_factory=dict)

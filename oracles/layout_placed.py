@@ -19,6 +19,7 @@ compressed single-head cache is viewed instead as kernel pages b * kernel_stride
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from fuzz.case import Case, GroupCase
@@ -61,31 +62,49 @@ def expect(case: Case, contract: Contract) -> Expectation:
     reason, layer = _reject_reason(case)
     if reason is not None:
         return rejected(contract.name, reason, layer)
+    planned = rules.planned_blocks(case.num_blocks, attention_free=not case.groups)
+    if not case.groups:
+        return Expectation(contract=contract.name, exact_buffers=True, planned_blocks=planned)
     block_pitch = _block_outermost_pitch(case)
     layers: dict[str, LayerExpectation] = {}
     kernel_sizes: dict[int, int] = {}
     for index, group in enumerate(case.groups):
-        placement = place(group, case.num_blocks, case.layout, block_pitch)
-        if isinstance(placement, str):
-            return rejected(contract.name, placement, group.layers[0])
         kernel = group.kernel_block_size or group.spec.block_size
         kernel_sizes[index] = kernel
-        for position, name in enumerate(group.layers):
-            built = _layer_view(name, index, position, group, case.num_blocks, placement, kernel, contract)
-            if isinstance(built, str):
-                return rejected(contract.name, built, name)
-            layers[name] = built
+        origin = 0
+        for run in runs(group):
+            placement = place(run, case.num_blocks, case.layout, block_pitch)
+            if isinstance(placement, str):
+                return rejected(contract.name, placement, run.layers[0])
+            for position, name in enumerate(run.layers):
+                built = _layer_view(name, index, origin + position * placement.strides["L"], run, case.num_blocks, placement, kernel,
+                                    contract)
+                if isinstance(built, str):
+                    return rejected(contract.name, built, name)
+                layers[name] = built
+            origin += len(run.layers) * placement.strides["L"]
     return Expectation(
         contract=contract.name,
-        buffers=(buffer_bytes(case),),
+        buffers=(rules.backing_allocation_bytes(buffer_bytes(case), case.platform),),
+        exact_buffers=True,
+        planned_blocks=planned,
         layers=with_sharers(layers, case.kv_sharing),
         kv_sharing=dict(case.kv_sharing),
         kernel_block_sizes=kernel_sizes,
     )
 
 
+def runs(group: GroupCase) -> list[GroupCase]:
+    """The group's layers in runs of one spec each (rules.same_spec_runs), each a group of its own: the whole group when its
+    layers are alike."""
+    if not group.layer_heads:
+        return [group]
+    return [dataclasses.replace(group, spec=group.layer_spec(positions[0]), layers=tuple(group.layers[i] for i in positions),
+                                layer_heads=()) for positions in rules.same_spec_runs(group.layer_specs)]
+
+
 def _reject_reason(case: Case) -> tuple[str | None, str | None]:
-    for group in case.groups:
+    for group in (run for g in case.groups for run in runs(g)):
         spec = group.spec
         page = pages.page(spec)
         misfit = rules.kernel_fits(spec.block_size, group.kernel_block_size or spec.block_size, spec.compress_ratio)
@@ -99,7 +118,7 @@ def _reject_reason(case: Case) -> tuple[str | None, str | None]:
             return "the block stride alignment names a kernel block that holds no state", group.layers[0]
         if page.page_bytes % page.element_size:
             return "the padded page is not a whole number of elements", group.layers[0]
-    group_pages = [pages.page(g.spec) for g in case.groups]
+    group_pages = [pages.page(spec) for g in case.groups for spec in g.layer_specs]
     mixed_sizes = len({p.page_bytes for p in group_pages}) > 1
     mixed_shapes = len({(p.heads, p.states, p.page_bytes) for p in group_pages}) > 1
     if not rules.mixed_pages_fit(case.layout, mixed_sizes, mixed_shapes, len(case.groups)):
@@ -109,19 +128,21 @@ def _reject_reason(case: Case) -> tuple[str | None, str | None]:
 
 def buffer_bytes(case: Case) -> int:
     """Bytes of the one backing buffer the contract lays this case out in."""
+    if not case.groups:
+        return 0
     pitch = _block_outermost_pitch(case)
     if pitch is not None:
         return pitch * case.num_blocks
-    return max(len(g.layers) * _layer_outer_pitch(pages.page(g.spec)) for g in case.groups) * case.num_blocks
+    return max(sum(_layer_outer_pitch(pages.page(spec)) for spec in g.layer_specs) for g in case.groups) * case.num_blocks
 
 
 def _block_outermost_pitch(case: Case) -> int | None:
     if case.layout[0] != "B":
         return None
-    group_pages = [(len(g.layers), pages.page(g.spec)) for g in case.groups]
+    group_pages = [[pages.page(spec) for spec in g.layer_specs] for g in case.groups]
     # An alignment of 0 (no valid stride) is a rejection reason of its own; counted as 1 here so sizing never divides by it.
-    return rules.block_outermost_pitch([count * p.page_bytes for count, p in group_pages],
-                                       [max(1, p.block_stride_alignment) for _, p in group_pages])
+    return rules.block_outermost_pitch([sum(p.page_bytes for p in layer_pages) for layer_pages in group_pages],
+                                       [max(1, p.block_stride_alignment) for layer_pages in group_pages for p in layer_pages])
 
 
 def _layer_outer_pitch(page: pages.Page) -> int:
@@ -161,8 +182,9 @@ def _contiguous(strides: dict[str, int], extents: dict[str, int], axes: str) -> 
     return True
 
 
-def _layer_view(name: str, group_index: int, position: int, group: GroupCase, num_blocks: int, placement: Placement,
+def _layer_view(name: str, group_index: int, origin: int, group: GroupCase, num_blocks: int, placement: Placement,
                 kernel: int, contract: Contract) -> LayerExpectation | str:
+    """The view of the layer whose bytes start `origin` bytes into the group's blocks (or regions)."""
     spec = group.spec
     page = placement.page
     strides = placement.strides
@@ -185,12 +207,12 @@ def _layer_view(name: str, group_index: int, position: int, group: GroupCase, nu
         view_strides = {**strides, "B": kernel_page}
     else:
         return "a manager block that is not one dense page cannot be split into kernel blocks"
-    if any(step % page.element_size for step in (view_strides["B"], view_strides["H"], view_strides["N"], position * strides["L"])):
+    if any(step % page.element_size for step in (view_strides["B"], view_strides["H"], view_strides["N"], origin)):
         return "a block pitch or layer offset is not a whole number of elements"
     view = ViewExpectation(
         shape=(view_blocks, page.heads, kernel_states, page.content_bytes // page.element_size),
         byte_strides=(view_strides["B"], view_strides["H"], view_strides["N"], page.element_size),
-        byte_offset=position * strides["L"],
+        byte_offset=origin,
         buffer=0,
         dtype="int8" if spec.kind == "mamba" else spec.dtype,
         element_size=page.element_size,
@@ -198,10 +220,10 @@ def _layer_view(name: str, group_index: int, position: int, group: GroupCase, nu
         kernel_ratio=ratio,
         kernel_stride=kernel_stride,
     )
-    return LayerExpectation(name=name, group=group_index, views=(view,), pages=_page_rule(position, placement))
+    return LayerExpectation(name=name, group=group_index, views=(view,), pages=_page_rule(origin, placement))
 
 
-def _page_rule(position: int, placement: Placement) -> PageRule:
+def _page_rule(origin: int, placement: Placement) -> PageRule:
     """The bytes manager block b of this layer owns: its page, or with heads outside the page tail, one run per head."""
     page, strides = placement.page, placement.strides
     if placement.heads_in_tail:
@@ -209,7 +231,7 @@ def _page_rule(position: int, placement: Placement) -> PageRule:
     else:
         starts, length = tuple(h * strides["H"] for h in range(page.heads)), page.states * page.content_bytes
     return PageRule(
-        origin=position * strides["L"],
+        origin=origin,
         block_pitch=strides["B"],
         span_starts=starts,
         span_len=length,

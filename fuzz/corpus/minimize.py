@@ -7,7 +7,7 @@ Named passes, run in order and repeated until none makes progress (a fixed point
               the smallest head and block sizes, no compression;
 4. options  - toward the simplest layout, backend, dtype and options: no padding or alignment,
               a real backend instead of a synthetic one, the default cache dtype, one model
-              runner (the V2 runner first), specs built from the case, no packing;
+              runner (the V2 runner first), specs built from the case, alike layers, no packing, CUDA;
 5. touches  - fewer consumers, blocks, copies and kernel-probe tokens, and lower block ids.
 Rules, after Hypothesis' shrinker: every step is a strictly simpler case (by `size`, so progress
 is deterministic and the loop ends), candidates are re-planned so their kernel block size is
@@ -97,9 +97,10 @@ def size(case: Case) -> tuple[int, ...]:
         len(case.groups),
         sum(len(g.layers) for g in case.groups) + len(case.kv_sharing),
         case.num_blocks,
-        sum(s.num_kv_heads + s.head_size + s.block_size + s.compress_ratio for s in specs),
+        sum(s.num_kv_heads + s.head_size + s.block_size + s.compress_ratio for s in specs) + sum(sum(g.layer_heads) for g in case.groups),
         _layout_rank(case.layout),
-        sum(_options(g) for g in case.groups) + RUNNERS.index(case.runner) + (case.spec_source != "case") + (case.packing != "none"),
+        sum(_options(g) for g in case.groups) + RUNNERS.index(case.runner) + (case.spec_source != "case") + (case.packing != "none")
+        + (case.platform != "cuda"),
         _touches_size(case),
     )
 
@@ -114,7 +115,7 @@ def _touches_size(case: Case) -> tuple[int, int]:
 
 def _options(group: GroupCase) -> int:
     spec = group.spec
-    return ((group.synthetic_backend is not None) + (spec.page_size_padded is not None) + (spec.alignment is not None)
+    return ((group.synthetic_backend is not None) + bool(group.layer_heads) + (spec.page_size_padded is not None) + (spec.alignment is not None)
             + (spec.head_size_v is not None) + (spec.cache_dtype != "auto") + (spec.dtype != "bfloat16"))
 
 
@@ -142,14 +143,19 @@ def _drop_layers(case: Case, info: TargetInfo) -> Iterator[Case]:
     if case.kv_sharing:
         yield dataclasses.replace(case, kv_sharing=())
     for index, group in enumerate(case.groups):
-        for layers in _without_chunks(group.layers):
-            yield _with_group(case, index, dataclasses.replace(group, layers=layers))
+        for kept in _without_chunks(tuple(range(len(group.layers)))):
+            heads = tuple(group.layer_heads[i] for i in kept) if group.layer_heads else ()
+            yield _with_group(case, index, dataclasses.replace(group, layers=tuple(group.layers[i] for i in kept), layer_heads=heads))
 
 
 def _smaller_numbers(case: Case, info: TargetInfo) -> Iterator[Case]:
     for blocks in range(1, case.num_blocks):
         yield dataclasses.replace(case, num_blocks=blocks)
     for index, group in enumerate(case.groups):
+        for position, heads in enumerate(group.layer_heads):
+            if heads > 1:
+                fewer = group.layer_heads[:position] + (1,) + group.layer_heads[position + 1:]
+                yield _with_group(case, index, dataclasses.replace(group, layer_heads=fewer))
         spec = group.spec
         changes: list[dict[str, object]] = []
         if spec.num_kv_heads > 1 and spec.kind not in MLA_KINDS:
@@ -165,8 +171,12 @@ def _smaller_numbers(case: Case, info: TargetInfo) -> Iterator[Case]:
 def _simpler_options(case: Case, info: TargetInfo) -> Iterator[Case]:
     for runner in RUNNERS[: RUNNERS.index(case.runner)]:
         yield dataclasses.replace(case, runner=runner)
-    if case.packing != "none":
+    if any(g.layer_heads for g in case.groups):
+        yield dataclasses.replace(case, groups=tuple(dataclasses.replace(g, layer_heads=()) for g in case.groups))
+    if case.packing != "none" and not any(g.layer_heads for g in case.groups):
         yield dataclasses.replace(case, packing="none")
+    if case.platform != "cuda":
+        yield dataclasses.replace(case, platform="cuda")
     if case.spec_source != "case":
         yield dataclasses.replace(case, spec_source="case")
     for layout in LAYOUT_ORDER:

@@ -68,6 +68,10 @@ class TargetInfo:
     packings: tuple[str, ...] = ("none",)
     # Code that addresses KV blocks by bytes that kvfuzz can drive here (fuzz/targets/consumers.py).
     consumers: tuple[str, ...] = ()
+    # The platforms whose answers change what vLLM's allocation does here (case field platform), "cuda" first.
+    platforms: tuple[str, ...] = ("cuda",)
+    # Whether cases of attention-free models (no KV-cache groups) run here.
+    attention_free: bool = False
 
     def backend(self, name: str) -> BackendInfo | None:
         return next((b for b in self.backends if b.name == name), None)
@@ -109,6 +113,8 @@ class TargetInfo:
             layer_fields=tuple(data.get("layer_fields", ())),
             packings=tuple(data.get("packings", ("none",))),
             consumers=tuple(data.get("consumers", ())),
+            platforms=tuple(data.get("platforms", ("cuda",))),
+            attention_free=bool(data.get("attention_free", False)),
         )
 
 
@@ -161,6 +167,8 @@ class Outcome:
     # Planners that size the cache from memory (<= 0.28): the same groups planned again without the block-count override
     # (fuzz/targets/planner_fit.py): memory, bytes per block of the override's plan, and the blocks and tensor bytes given.
     planner_fit: dict[str, Any] | None = None
+    # The blocks the planner's KVCacheConfig gives (the override's, or an attention-free model's own).
+    planned_blocks: int | None = None
 
     @property
     def raised(self) -> bool:
@@ -194,6 +202,7 @@ class Outcome:
             runner=data.get("runner", "v2"),
             touches=data.get("touches"),
             planner_fit=data.get("planner_fit"),
+            planned_blocks=data.get("planned_blocks"),
         )
 
 

@@ -387,7 +387,8 @@ class Adapter:
 
     # ------------------------------------------------------------------ shared
 
-    def target_info(self, contract: Any, layouts: tuple[str, ...], kv_sharing: bool = True, packings: tuple[str, ...] = ("none",)) -> TargetInfo:
+    def target_info(self, contract: Any, layouts: tuple[str, ...], kv_sharing: bool = True, packings: tuple[str, ...] = ("none",),
+                    platforms: tuple[str, ...] = ("cuda",), attention_free: bool = False) -> TargetInfo:
         uncovered = [f"spec class {name}" for name in self._unknown_spec_classes()]
         if self.probe.spec_class("HiSparseHotSpec") is not None:
             # Its host pool is pinned memory and its binding needs attention layers and block tables.
@@ -417,6 +418,8 @@ class Adapter:
             layer_fields=self.layer_specs.fields if self.layer_specs else (),
             packings=packings,
             consumers=tuple(self.consumers),
+            platforms=platforms,
+            attention_free=attention_free,
         )
 
     def _layer_specs(self) -> LayerSpecs | None:
@@ -708,6 +711,15 @@ class Adapter:
         return Execution(declared, outcome=outcomes[0], v1=outcomes[1] if len(outcomes) > 1 else None)
 
     def _run(self, case: Case, device: torch.device, probe: bool | str, specs: list[tuple[Any, str | None]], runner: str = "v2") -> Outcome:
+        with self.platform_answers(case):
+            return self._run_walk(case, device, probe, specs, runner)
+
+    @contextlib.contextmanager
+    def platform_answers(self, case: Case) -> Iterator[None]:
+        """vLLM's code answering platform questions as on the case's platform (only "cuda" where the target offers no other)."""
+        yield
+
+    def _run_walk(self, case: Case, device: torch.device, probe: bool | str, specs: list[tuple[Any, str | None]], runner: str) -> Outcome:
         prepared = self.prepare(case, device, specs)
         self.walked, self.manager_views = (prepared.config, prepared.attn_groups, prepared.kernel_block_sizes), None
         if runner == "v1":
@@ -716,7 +728,8 @@ class Adapter:
                                        self.config, device)
         else:
             views, raw = prepared.views()
-        outcome = dataclasses.replace(self.record(views, raw, dict(case.kv_sharing), prepared.used), planner_fit=prepared.planner_fit)
+        outcome = dataclasses.replace(self.record(views, raw, dict(case.kv_sharing), prepared.used), planner_fit=prepared.planner_fit,
+                                      planned_blocks=int(prepared.config.num_blocks))
         kind = probe_kind(probe)
         if device.type == "meta":
             return outcome
@@ -786,7 +799,7 @@ class Adapter:
             fitted = self.fit_memory(groups, config, case.num_blocks)
         if case.kv_sharing:
             self.sharing(dict(case.kv_sharing), config.kv_cache_groups)  # type: ignore[misc]
-        attn_groups = [self.attention_groups(index, group, spec, config)
+        attn_groups = [self.attention_groups(case, index, group, spec, config)
                        for index, (group, spec) in enumerate(zip(case.groups, specs, strict=True))]
         if "kernel-block choice" in self.off:
             kernel_block_sizes = [g.kernel_block_size or g.spec.block_size for g in case.groups if g.spec.kind != "encoder_only"]
@@ -809,7 +822,16 @@ class Adapter:
         specs in a UniformTypeKVCacheSpecs."""
         if case.packing != "uniform_type" or self.uniform_specs is None:
             return spec
-        return self.uniform_specs(block_size=spec.block_size, kv_cache_specs=dict.fromkeys(group.layers, spec))
+        return self.uniform_specs(block_size=spec.block_size, kv_cache_specs=self.layer_spec_objects(group, spec))
+
+    def layer_spec_objects(self, group: GroupCase, spec: Any) -> dict[str, Any]:
+        """Each layer's vLLM spec: the group's for layers like the group's spec, one built for each other size (equal specs
+        are equal objects, as vLLM's layers give them)."""
+        built: dict[SpecCase, Any] = {group.spec: spec}
+        for layer in group.layer_specs:
+            if layer not in built:
+                built[layer] = self.build_spec(layer)
+        return {name: built[layer] for name, layer in zip(group.layers, group.layer_specs, strict=True)}
 
     @contextlib.contextmanager
     def packing(self, case: Case) -> Iterator[None]:
@@ -848,12 +870,22 @@ class Adapter:
     def configure_layout(self, layout: str) -> None:
         pass
 
-    def attention_groups(self, index: int, group: GroupCase, spec: Any, config: Any) -> list[Any]:
+    def attention_groups(self, case: Case, index: int, group: GroupCase, spec: Any, config: Any) -> list[Any]:
+        """The group's AttentionGroups as the model runner forms them: one per per-layer spec (layers that differ in size
+        form one each; a KV-sharing layer joins its target's)."""
         if self.attention_group is None:
             return []
         backend = self.backend_class(group) or self.base_backend
         members = config.kv_cache_groups[index].layer_names
-        return [self.attention_group.obj(backend=backend, layer_names=list(members), kv_cache_spec=spec, kv_cache_group_id=index)]
+        per_layer = getattr(config.kv_cache_groups[index].kv_cache_spec, "kv_cache_specs", None)
+        if not group.layer_heads or per_layer is None:
+            return [self.attention_group.obj(backend=backend, layer_names=list(members), kv_cache_spec=spec, kv_cache_group_id=index)]
+        targets = dict(case.kv_sharing)
+        by_spec: dict[Any, list[str]] = {}
+        for name in members:
+            by_spec.setdefault(per_layer[targets.get(name, name)], []).append(name)
+        return [self.attention_group.obj(backend=backend, layer_names=names, kv_cache_spec=layer_spec, kv_cache_group_id=index)
+                for layer_spec, names in by_spec.items()]
 
     def record(self, views: dict[str, Any], raw: list[torch.Tensor], sharing: dict[str, str], used: dict[int, int]) -> Outcome:
         pointers = {storage_key(buffer): i for i, buffer in enumerate(raw)}

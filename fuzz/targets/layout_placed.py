@@ -9,8 +9,11 @@ alias their target, and (0.32+) map_kv_caches_to_kernel_blocks gives the views b
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
+import inspect
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -53,7 +56,9 @@ class LayoutPlacedTarget(Adapter):
         self.generation = "G6" if maps_kernel_blocks else "G5"
         self._runners: tuple[str, ...] | None = None
         self.info = self.target_info(LAYOUT_PLACED_KERNEL_MAP if maps_kernel_blocks else LAYOUT_PLACED,
-                                     tuple(layout.name for layout in self.layouts))
+                                     tuple(layout.name for layout in self.layouts), platforms=allocation_platforms(self.allocate),
+                                     packings=("none", "uniform_type") if self.uniform_specs is not None else ("none",),
+                                     attention_free=True)
 
     def describe_backend(self, name: str, cls: type) -> BackendInfo:
         layouts = cls.supported_kv_cache_layouts() if hasattr(cls, "supported_kv_cache_layouts") else None
@@ -109,6 +114,8 @@ class LayoutPlacedTarget(Adapter):
         built = self.build_spec(group.spec)
         custom = self.customize(backend, built) if self.customize else backend.customize_spec(built)
         self._check_published(group, built, custom)
+        if group.layer_heads and (custom.num_head_slots, custom.state_content_bytes) != (None, None):
+            raise Inexpressible(f"layers that differ in heads on {group.backend_name}, which publishes its page per spec")
         alignment = getattr(custom, "block_stride_alignment", None)
         spec = dataclasses.replace(
             group.spec,
@@ -144,10 +151,26 @@ class LayoutPlacedTarget(Adapter):
     def configure_layout(self, layout: str) -> None:
         self.config.cache_config.kv_cache_layout = layout
 
-    def attention_groups(self, index: int, group: GroupCase, spec: Any, config: Any) -> list[Any]:
+    @contextlib.contextmanager
+    def platform_answers(self, case: Case) -> Iterator[None]:
+        """The allocation run as on ROCm: its module's `current_platform` says ROCm, and the ROCm kernel warm-ups it calls
+        (GEMM workspaces, which a CPU cannot build and which never touch the KV cache) do nothing."""
+        if case.platform == "cuda":
+            yield
+            return
+        namespace = inspect.unwrap(self.allocate).__globals__
+        saved = {name: namespace[name] for name in ("current_platform", *_rocm_helpers(self.allocate)) if name in namespace}
+        namespace["current_platform"] = _RocmAnswers(saved["current_platform"])
+        namespace.update(dict.fromkeys(_rocm_helpers(self.allocate), _no_op))
+        try:
+            yield
+        finally:
+            namespace.update(saved)
+
+    def attention_groups(self, case: Case, index: int, group: GroupCase, spec: Any, config: Any) -> list[Any]:
         if self.backend_class(group) is None or not getattr(spec, "has_layer_views", True) or not isinstance(spec, self.attention_spec):
             return []
-        return super().attention_groups(index, group, spec, config)
+        return super().attention_groups(case, index, group, spec, config)
 
     def make_views(self, case: Case, config: Any, attn_groups: list[list[Any]], kernel_block_sizes: list[int],
                    device: torch.device) -> tuple[dict[str, Any], list[torch.Tensor]]:
@@ -157,6 +180,8 @@ class LayoutPlacedTarget(Adapter):
         if self.kernel_map is not None:
             self.manager_views = dict(kv_caches)  # the runner keeps these; layers bind the kernel-block views
             kv_caches = self.kernel_map(kv_caches, [g for per_group in attn_groups for g in per_group])
+        if not kv_caches:
+            return kv_caches, []  # an attention-free model: no KV cache at all
         # One backing allocation: every view's storage is it.
         first = next(iter(kv_caches.values()))
         backing = torch.empty(0, dtype=torch.int8, device=first.device).set_(first.untyped_storage())
@@ -191,6 +216,37 @@ class LayoutPlacedTarget(Adapter):
 
 def _obj(found: Any) -> Any:
     return None if found is None else found.obj
+
+
+def allocation_platforms(allocate: Any) -> tuple[str, ...]:
+    """"cuda", and "rocm" where the allocation asks the platform whether it is ROCm (from 0.29 it pads the backing buffer there)."""
+    names = inspect.unwrap(allocate).__code__.co_names
+    return ("cuda", "rocm") if "is_rocm" in names and "current_platform" in names else ("cuda",)
+
+
+def _rocm_helpers(allocate: Any) -> list[str]:
+    code = inspect.unwrap(allocate).__code__
+    return [name for name in code.co_names if "rocm" in name and name != "is_rocm" and callable(inspect.unwrap(allocate).__globals__.get(name))]
+
+
+def _no_op(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+class _RocmAnswers:
+    """vLLM's current_platform, except that it is ROCm."""
+
+    def __init__(self, platform: Any) -> None:
+        self._platform = platform
+
+    def is_rocm(self) -> bool:
+        return True
+
+    def is_cuda(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._platform, name)
 
 
 def _published_by_synthetic(spec: Any) -> Any:

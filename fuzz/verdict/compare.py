@@ -9,7 +9,9 @@ as fast for a 30,000-block production cache as for a toy one), in the order a re
    refused-valid), a case the contract cannot express is refused with the ValueError /
    NotImplementedError vLLM promises (an assertion is assert-on-invalid, a low-level error from
    deep inside crash-on-invalid, success accepted-invalid);
-3. every addressed byte lies in the layer's raw buffer (out-of-bounds);
+3. layers sit on raw buffers as the contract pools them (block-partition), each of the size the
+   contract gives it where vLLM allocates exactly that (buffer-size); every addressed byte lies in
+   the layer's raw buffer (out-of-bounds);
 4. distinct elements of one view never share a byte (alias);
 5. shape and dtype are the declared ones (shape, dtype);
 6. block b's bytes belong to no other block, layer or group, and cover exactly block b
@@ -28,6 +30,7 @@ import numpy as np
 from fuzz.case import Case
 from fuzz.targets.base import TARGET_CRASHED, TARGET_HUNG, TARGET_OUT_OF_MEMORY, Outcome, ViewRecord
 from fuzz.verdict.findings import Finding, observed
+from fuzz.verdict.planner import PLANNER
 from oracles.expectation import Expectation, LayerExpectation, ViewExpectation
 from oracles.strided import Strided, Undecidable, inside, is_injective, same_bytes, touches
 
@@ -63,9 +66,16 @@ def compare(case: Case, expected: Expectation, outcome: Outcome) -> Verdict:
     if not expected.accepted:
         return found("accepted-invalid", "reshape", f"accepted a case the contract rejects: {expected.reject_reason}", expected.reject_layer)
 
-    misplaced = _misplaced_buffers(expected, outcome)
-    if misplaced is not None:
-        return found("block-partition", "allocate", misplaced)
+    if expected.planned_blocks is not None and outcome.planned_blocks is not None and outcome.planned_blocks != expected.planned_blocks:
+        return found("planner-fit", PLANNER, f"the plan gives {outcome.planned_blocks} blocks instead of {expected.planned_blocks}")
+    mapping = _buffer_mapping(expected, outcome)
+    if isinstance(mapping, str):
+        return found("block-partition", "allocate", mapping)
+    if expected.exact_buffers:
+        for actual, wanted in sorted(mapping.items()):
+            if outcome.buffers[actual].size != expected.buffers[wanted]:
+                return found("buffer-size", "allocate", f"the backing buffer holds {outcome.buffers[actual].size} bytes, "
+                             f"not the {expected.buffers[wanted]} its layout gives it")
 
     for name, want in expected.layers.items():
         if name in expected.kv_sharing:
@@ -108,8 +118,9 @@ def _geometry(view: ViewRecord) -> tuple[object, ...]:
     return (view.shape, view.stride, view.offset_bytes, view.dtype, view.buffer)
 
 
-def _misplaced_buffers(expected: Expectation, outcome: Outcome) -> str | None:
-    """Whether layers sit on raw buffers as the contract pools them (matched by the layers each holds)."""
+def _buffer_mapping(expected: Expectation, outcome: Outcome) -> dict[int, int] | str:
+    """Which expected buffer each raw buffer is (matched by the layers each holds), or why layers do not sit on raw buffers
+    as the contract pools them."""
     mapping: dict[int, int] = {}
     for name, want in expected.layers.items():
         if name in expected.kv_sharing:
@@ -122,7 +133,7 @@ def _misplaced_buffers(expected: Expectation, outcome: Outcome) -> str | None:
                 return "layers that must not share a raw buffer were put on one"
     if len(set(mapping.values())) != len(mapping):
         return "layers that must share a raw buffer were put on different ones"
-    return None
+    return mapping
 
 
 def _compare_view(name: str, layer: LayerExpectation, want: ViewExpectation, view: ViewRecord, outcome: Outcome, found: Found) -> Verdict:

@@ -21,6 +21,7 @@ KINDS = (
     "assert-on-invalid",
     "declaration",
     "accepted-invalid",
+    "buffer-size",
     "out-of-bounds",
     "alias",
     "shape",
@@ -56,6 +57,8 @@ DESCRIPTIONS = {
     "assert-on-invalid": "vLLM refused an inexpressible configuration by an assertion instead of a ValueError with a message.",
     "declaration": "A backend declared a cache shape, stride order or page fields that break the layout contract.",
     "accepted-invalid": "vLLM built views for a configuration its layout contract cannot express.",
+    "buffer-size": ("vLLM's backing KV-cache buffer is not the size its layout spans (more wastes the memory budget; on ROCm it "
+                    "must be whole 4096-byte pages)."),
     "out-of-bounds": "A view addresses bytes outside its raw KV-cache buffer.",
     "alias": "Distinct elements of one view share bytes.",
     "shape": "A view's shape is not the declared one.",
@@ -164,7 +167,7 @@ def observed(case: Case, kind: str, function: str, message: str, layer: str | No
     group (of every group when no layer is named) and the case's layout."""
     owner = dict(case.kv_sharing).get(layer, layer) if layer is not None else None
     groups = [case.groups[case.group_of(owner)]] if owner in case.layer_names else list(case.groups)
-    spec_kind = "+".join(sorted({g.spec.kind for g in groups}))
+    spec_kind = "+".join(sorted({g.spec.kind for g in groups})) or "attention-free"
     backend = "+".join(sorted({g.backend_name for g in groups if g.spec.kind != "mamba"})) or "-"
     return Finding(kind, spec_kind, function, message, layer, case.is_latent, backend, case.layout)
 

@@ -130,7 +130,9 @@ def _zero(case: Case, expected: Expectation, buffers: dict[int, int], name: str,
         missed = _minus(touch.owned(expected, layers, block), zeroed)
         if missed:
             layer = _layer_of(expected, layers, missed, block)
-            return found("zero-miss", function, f"{where}: zeroing block {block} left {_describe(missed)} of it uncleared", layer)
+            # A zeroer that cleared nothing at all passed the block's layers over (another bug than clearing the wrong bytes).
+            what = "cleared no byte at all, leaving" if not any(v.size for v in zeroed.values()) else "left"
+            return found("zero-miss", function, f"{where}: zeroing block {block} {what} {_describe(missed)} of it uncleared", layer)
     return None
 
 
