@@ -606,6 +606,10 @@ def unrealistic(case: Case, info: TargetInfo) -> str | None:
         return "this vLLM has no V1 model runner"
     if (why := packing_reason(case, info, case.packing)) is not None:
         return why
+    if case.packing == "uniform_type" and not shaped and any(len(set(g.layer_specs)) < 2 for g in case.groups):
+        return "from 0.29 vLLM makes a UniformTypeKVCacheSpecs group only of layers that differ in size"
+    if shaped and any(g.layer_heads for g in case.groups):
+        return "kvfuzz draws layers that differ in heads from 0.29 only"
     if case.spec_source == "vllm" and (why := layer_reason(case, info)) is not None:
         return why
     for group in attention:

@@ -18,6 +18,7 @@ Byte sets are `{buffer: sorted unique byte offsets}` over the expectation's buff
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -142,6 +143,9 @@ def token_map(case: Case, expected: Expectation, layer: str, block: int, positio
     it cannot read as blocks, slots, heads and dims)."""
     want = expected.layers[layer]
     group = case.groups[want.group]
+    owner = dict(case.kv_sharing).get(layer, layer)
+    if group.layer_heads:  # layers that differ in heads: this layer's own spec
+        group = dataclasses.replace(group, spec=group.layer_spec(group.layers.index(owner)), layer_heads=())
     view = want.views[0]
     spec = group.spec
     axes = _axes(group, len(view.shape))

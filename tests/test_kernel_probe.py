@@ -6,6 +6,8 @@ element once, and at the contract's position where the backend keeps no private 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -80,3 +82,23 @@ def test_cpu_mla_writes_at_the_contract_positions(kvfuzz_target):
     layer_pages = 3 * 64 * 576 * 2  # layer 1 starts after layer 0's three blocks of 64 slots x 576 bf16
     assert int(want.offsets[0]) == layer_pages + (64 + 5) * 576 * 2
     assert (landed_bytes(token) == want.offsets).all()
+
+
+@pytest.mark.parametrize("layout", ["LBHNC", "BLHNC"])
+def test_layers_that_differ_in_heads_write_their_own_heads(kvfuzz_target, layout):
+    """A UniformTypeKVCacheSpecs group (0.29+): each layer's tokens carry that layer's KV heads, every one landing in its
+    own head of its own layer's block."""
+    if not kvfuzz_target.info.contract.layout_placed:
+        pytest.skip("layers that differ in heads are drawn from vLLM 0.29")
+    base = case_for("CPU_ATTN", "full", layout, 32, 32)
+    group = dataclasses.replace(base.groups[0], layer_heads=(1, 3))
+    case = dataclasses.replace(base, groups=(group,), packing="uniform_type")
+    result, records = probed(kvfuzz_target, case)
+    assert result.verdict.status == "pass", result.verdict
+    for layer, heads in zip(LAYERS, (1, 3), strict=True):
+        for token in records[layer]["tokens"]:
+            want = touch.token_map(case, result.expectation, layer, token["block"], token["position"], False)
+            at = landed_bytes(token)
+            assert at.size == heads * 2 * 64  # K and V of every head of this layer, no more
+            for head, allowed in want.head_bytes.items():
+                assert np.isin(at[want.heads == head], allowed).all()

@@ -73,6 +73,9 @@ def surface_counts(info: TargetInfo, sample: int = SAMPLE, seed: int = 1) -> Cou
         drawn["spec_source=" + case.spec_source] += 1
         drawn["packing=" + case.packing] += 1
         drawn["runner=" + case.runner] += 1
+        drawn["platform=" + case.platform] += 1
+        drawn["attention_free"] += not case.groups
+        drawn["layers_differ"] += any(len(set(g.layer_specs)) > 1 for g in case.groups)
         for consumer in case.touches.consumers if case.touches is not None else ():
             drawn["consumer=" + consumer] += 1
         for group in case.groups:
@@ -83,12 +86,15 @@ def surface_counts(info: TargetInfo, sample: int = SAMPLE, seed: int = 1) -> Cou
 
 @pytest.mark.parametrize("version", ["0.19.1", "0.22.0", "0.25.0", "0.29.0", "0.32.0", "0.33.0", "0.34.0"])
 def test_every_generation_reaches_the_whole_surface_it_has(version):
-    """One release per generation (and 0.25, where the CPU runner's zeroer appears): each runner, packing, consumer and
-    quantized cache dtype the release has, and vLLM-built specs where its layers build, are drawn."""
+    """One release per generation (and 0.25, where the CPU runner's zeroer appears): each runner, packing, consumer,
+    platform and quantized cache dtype the release has, vLLM-built specs where its layers build, and from 0.29 layers that
+    differ in size and attention-free models, are drawn."""
     info = release_info(version)
     drawn = surface_counts(info, sample=2000)
     wanted = (["runner=" + r for r in ("v1", "both") if "v1" in info.runners] + ["packing=" + p for p in info.packings]
               + ["consumer=" + c for c in info.consumers] + (["spec_source=vllm"] if info.layer_kinds else [])
+              + ["platform=" + p for p in info.platforms] + (["attention_free"] if info.attention_free else [])
+              + (["layers_differ"] if info.contract.layout_placed and "uniform_type" in info.packings else [])
               + ["quantized=" + d for d in info.cache_dtypes if d not in PLAIN_CACHE_DTYPES
                  and any(d in b.cache_dtypes for b in info.backends)])
     print(version, " ".join(f"{option}:{drawn[option]}" for option in sorted(wanted)))

@@ -532,6 +532,12 @@ class Adapter:
                     "(from 0.29 block-outermost layouts are the packed form)")
         if (why := packing_reason(case, info, case.packing)) is not None:
             return f"field packing: {why}"
+        if case.platform not in info.platforms:
+            return f"field platform: vLLM {info.vllm_version}'s allocation asks no {case.platform} question"
+        if not case.groups and not info.attention_free:
+            return "field groups: kvfuzz judges attention-free models from vLLM 0.29"
+        if any(g.layer_heads for g in case.groups) and not info.contract.layout_placed:
+            return "field layer_heads: kvfuzz judges layers that differ in heads from vLLM 0.29 (one page size a pool before)"
         if case.spec_source == "vllm":
             reason = layer_reason(case, info)
             if reason is not None:

@@ -18,6 +18,7 @@ float32, uncompressed; other layers say why they were not.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import sys
@@ -58,21 +59,29 @@ def run(walk: Walk, touches: Touches | None, mla_layer: type | None) -> dict[str
     layers = forward_context(walk, mla_layer, backends)
     sharers = {sharer for sharer, _ in walk.case.kv_sharing}
     records: dict[str, Any] = {}
-    for group in walk.case.groups:
+    for index, group in enumerate(walk.case.groups):
         reason = _not_probed(group)
-        for name in group.layers:
+        for position, name in enumerate(group.layers):
             if name in sharers:
                 continue
             if reason is not None:
                 records[name] = {"skipped": reason}
                 continue
+            own = layer_group(group, position)
             try:
-                writer = _writer(backends[name], group, walk)
+                writer = _writer(backends[name], own, walk)
             except Unusable as why:
                 records[name] = {"skipped": str(why)}
                 continue
-            records[name] = _probe_layer(walk, group, layers[name], writer, tokens(group, walk.case.num_blocks, touches))
+            records[name] = _probe_layer(walk, own, index, layers[name], writer, tokens(own, walk.case.num_blocks, touches))
     return records
+
+
+def layer_group(group: GroupCase, position: int) -> GroupCase:
+    """The group as its layer at `position` sees it: with that layer's own spec where the group's layers differ in size."""
+    if not group.layer_heads:
+        return group
+    return dataclasses.replace(group, spec=group.layer_spec(position), layer_heads=())
 
 
 def tokens(group: GroupCase, num_blocks: int, touches: Touches | None) -> list[tuple[int, int]]:
@@ -188,7 +197,7 @@ def _layer_attributes(layer: Any, backend: type, group: GroupCase, walk: Walk, k
         layer.isa = pick(**{k: v for k, v in arguments.items() if k in inspect.signature(pick).parameters})
 
 
-def _probe_layer(walk: Walk, group: GroupCase, layer: Any, writer: Writer, chosen: list[tuple[int, int]]) -> dict[str, Any]:
+def _probe_layer(walk: Walk, group: GroupCase, index: int, layer: Any, writer: Writer, chosen: list[tuple[int, int]]) -> dict[str, Any]:
     from fuzz.targets.common import vllm_failure
 
     spec = group.spec
@@ -196,7 +205,6 @@ def _probe_layer(walk: Walk, group: GroupCase, layer: Any, writer: Writer, chose
     dtype = cache.dtype
     if dtype not in ID_BASE:
         return {"skipped": f"the layer binds a {dtype} cache"}
-    index = walk.case.groups.index(group)
     kernel = walk.kernel_block_sizes[index] if index < len(walk.kernel_block_sizes) else spec.block_size
     backend = layer_backends(walk)[group.layers[0]]
     _layer_attributes(layer, backend, group, walk, kernel)

@@ -78,7 +78,8 @@ DESCRIPTIONS = {
     "kernel-escape": "A backend's cache write put bytes outside the written token's block or head.",
     "kernel-miss": "A backend's cache write left elements of the token unwritten.",
     "kernel-order": "A backend's cache write put an element elsewhere in its block than the layout places it.",
-    "planner-fit": "Planned from memory (no block-count override), the cache holds not the blocks the memory fits, or tensors of other sizes.",
+    "planner-fit": ("Planned from memory (no block-count override), the cache holds not the blocks the memory fits, or tensors of other "
+                    "sizes; or planned with the override, not its blocks (an attention-free model: not the one null block)."),
 }
 
 PROCESS_KINDS = ("crash-signal", "hang", "oom")  # the target process died, hung or ran out of memory
