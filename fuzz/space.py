@@ -70,6 +70,8 @@ SCALES = ("small", "production")
 # A case the contract rejects is kept this often (percent); the others are redrawn, so most cases
 # test layouts vLLM must build while refusals stay covered.
 KEEP_REJECTED = 30
+# Groups of mixed page sizes in a layer-outer layout vLLM's layout resolution would not pick (percent of such cases).
+FORCED_LAYOUT = 5
 # Models with no KV cache at all (attention-free: the planner's early return), percent of cases.
 ATTENTION_FREE = 2
 
@@ -242,7 +244,9 @@ def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_grou
     if len({p.page_bytes for p in group_pages}) > 1:
         if shaped:
             source.reject()
-        layouts = {name for name in layouts if set(name[:2]) == {"L", "B"} and (len(groups) == 1 or name[0] == "B")}
+        # Now and then a layer-outer layout a user forces (VLLM_KV_CACHE_LAYOUT) on several groups: vLLM must refuse it.
+        forced = len(groups) > 1 and source.chance(FORCED_LAYOUT)
+        layouts = {name for name in layouts if set(name[:2]) == {"L", "B"} and (len(groups) == 1 or name[0] == "B" or forced)}
     if len({(p.heads, p.states, p.page_bytes) for p in group_pages}) > 1:
         # vLLM's layout resolution keeps block-compact layouts only for mixed page shapes.
         layouts = {name for name in layouts if set(name[:2]) == {"L", "B"} or name in ("NHD", "HND")}
