@@ -405,7 +405,7 @@ def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, la
         candidates = [b for b in info.backends if b.is_mla == mla and (cache_dtype is None or cache_dtype in b.cache_dtypes)]
         # A synthetic backend declares one latent per slot, which DeepSeek's MLA records are not, and
         # on backend-shaped releases plain elements only.
-        fits_synthetic = cache_dtype is None or (cache_dtype not in dtypes.DS_MLA_RECORDS and not (shaped and _scaled(cache_dtype)))
+        fits_synthetic = cache_dtype is None or (cache_dtype not in dtypes.DS_MLA_RECORDS and not (shaped and _unalike(cache_dtype)))
         use_synthetic = synthetic and fits_synthetic and (not candidates or source.chance(20))
         if not use_synthetic and not candidates:
             source.reject()
@@ -509,9 +509,9 @@ def _cache_dtype_fields(source: Source, info: TargetInfo, kind: str, backend: Ba
     else:
         if info.registers_dtypes and source.chance(15):
             return _registered_dtype(source, info, kind)
-        # A synthetic backend declares plain elements on backend-shaped releases, and one
-        # latent per slot (which DeepSeek's MLA records are not).
-        choices = [c for c in info.cache_dtypes if c not in dtypes.DS_MLA_RECORDS and not (shaped and _scaled(c))] or ["auto"]
+        # A synthetic backend declares a head's K and V apart on backend-shaped releases (formats storing them
+        # alike), and one latent per slot (which DeepSeek's MLA records are not).
+        choices = [c for c in info.cache_dtypes if c not in dtypes.DS_MLA_RECORDS and not (shaped and _unalike(c))] or ["auto"]
     choices = [c for c in choices if _applies(c, mla)] or ["auto"]
     cache = source.choice(ordered(choices, tuple(info.cache_dtypes)))
     definition = dtypes.definition(cache)
@@ -529,9 +529,10 @@ def _registered_dtype(source: Source, info: TargetInfo, kind: str) -> dict[str, 
 
 
 @functools.lru_cache(maxsize=256)
-def _scaled(cache: str) -> bool:
+def _unalike(cache: str) -> bool:
+    """A format that stores a head's K and V other than as two alike halves (a synthetic backend's shape cannot say it)."""
     definition = dtypes.definition(cache)
-    return definition is not None and not definition.plain
+    return definition is not None and not definition.kv_alike
 
 
 @functools.lru_cache(maxsize=512)

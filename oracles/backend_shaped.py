@@ -133,7 +133,11 @@ def _attention_layer(name: str, index: int, group: GroupCase, num_blocks: int, w
     symbols = [parse_shape_entry(e)[1] for e in pattern]
     shape = per_block = None
     if symbols.count("B") == 1:
-        shape = evaluate_shape(pattern, blocks=num_blocks * ratio, slots=slots, heads=spec.num_kv_heads, head_size=spec.head_size)
+        # A synthetic backend's "D" is what one head's K (or V) takes in storage elements (the head size for plain elements).
+        head = pages.half_elements(spec) if group.synthetic_backend is not None else spec.head_size
+        if head is None:
+            return "a synthetic backend's head dim cannot hold K and V of different sizes apart"
+        shape = evaluate_shape(pattern, blocks=num_blocks * ratio, slots=slots, heads=spec.num_kv_heads, head_size=head)
         block_axis = symbols.index("B")
         per_block = math.prod(shape) // max(shape[block_axis], 1) * ratio * esz
     fault = declarations.shaped_fault(group.backend_name, pattern, order, shape, per_block, page.unpadded_bytes, not spec.is_mla)

@@ -47,6 +47,8 @@ class Definition:
     scales: bool = False  # the page holds per-token scales
     # Head sizes must be multiples of this (scale groups, rotation blocks, packed bytes).
     head_multiple: int = 1
+    # K and V of a head are stored alike, one after the other (False: at different bits or in other formats).
+    kv_alike: bool = True
 
     def content_bytes(self, geometry: Geometry) -> int | None:
         return self.content(geometry)
@@ -162,19 +164,22 @@ DEFINITIONS: dict[str, Definition] = {d.name: d for d in (
                head_multiple=16),
     Definition("nvfp4_4over6", ("nvfp4",), _nvfp4, "the NVFP4 layout (max/6 or max/4 scale choice)", packed_bits=4, scales=True,
                head_multiple=16),
-    Definition("turboquant_k8v4", ("turboquant_k8v4", "turboquant"), _turboquant(8, 4), "TurboQuant preset k8v4", packed_bits=4, scales=True),
+    Definition("turboquant_k8v4", ("turboquant_k8v4", "turboquant"), _turboquant(8, 4), "TurboQuant preset k8v4", packed_bits=4, scales=True,
+               kv_alike=False),
     Definition("turboquant_4bit_nc", ("turboquant_4bit_nc", "turboquant"), _turboquant(4, 4), "TurboQuant preset 4bit_nc",
-               packed_bits=4, scales=True),
+               packed_bits=4, scales=True, kv_alike=False),
     Definition("turboquant_k3v4_nc", ("turboquant_k3v4_nc", "turboquant"), _turboquant(3, 4), "TurboQuant preset k3v4_nc",
-               packed_bits=3, scales=True),
+               packed_bits=3, scales=True, kv_alike=False),
     Definition("turboquant_3bit_nc", ("turboquant_3bit_nc", "turboquant"), _turboquant(3, 3), "TurboQuant preset 3bit_nc",
-               packed_bits=3, scales=True),
+               packed_bits=3, scales=True, kv_alike=False),
     Definition("ultraquant_4bit", ("ultraquant_4bit",), _ultraquant, "UltraQuant FP4 codes with UE8M0 group scales", packed_bits=4, scales=True,
-               head_multiple=32),
-    Definition("octave_k3v4", ("octave_k3v4",), _octave(4, False), "Octave block K, 4-bit V", packed_bits=3, scales=True, head_multiple=64),
-    Definition("octave_k3v3", ("octave_k3v3",), _octave(3, False), "Octave block K, 3-bit V", packed_bits=3, scales=True, head_multiple=64),
+               head_multiple=32, kv_alike=False),
+    Definition("octave_k3v4", ("octave_k3v4",), _octave(4, False), "Octave block K, 4-bit V", packed_bits=3, scales=True, head_multiple=64,
+               kv_alike=False),
+    Definition("octave_k3v3", ("octave_k3v3",), _octave(3, False), "Octave block K, 3-bit V", packed_bits=3, scales=True, head_multiple=64,
+               kv_alike=False),
     Definition("octave_k3v3_compact", ("octave_k3v3_compact",), _octave(3, True), "Octave compact K, 3-bit V", packed_bits=3, scales=True,
-               head_multiple=64),
+               head_multiple=64, kv_alike=False),
     Definition("fp8_ds_mla", ("fp8_per_tensor",), _ds_mla("fp8_ds_mla"), "DeepSeek fp8 MLA records", scales=True),
     Definition("nvfp4_ds_mla", ("nvfp4_ds_mla", "nvfp4"), _ds_mla("nvfp4_ds_mla"), "DeepSeek NVFP4 MLA records", packed_bits=4, scales=True),
 )}

@@ -51,6 +51,18 @@ def content_bytes(spec: SpecCase) -> int:
     return defined if defined is not None else _plain_bytes(spec)
 
 
+def half_elements(spec: SpecCase) -> int | None:
+    """Storage elements of one head's K (or V) in a state, what a backend-shaped cache's head dim holds when K and V are
+    stored apart (an MLA latent: the whole state); None where K and V are not two equal halves of whole elements."""
+    content, element = content_bytes(spec), element_size(spec)
+    if spec.is_mla:
+        return content // element if content % element == 0 else None
+    definition = dtype_definition(spec)
+    if spec.head_size_v not in (None, spec.head_size) or (definition is not None and not definition.kv_alike) or content % (2 * element):
+        return None
+    return content // (2 * element)
+
+
 def dtype_definition(spec: SpecCase) -> dtypes.Definition | None:
     if spec.registered_cache_dtype:
         return dtypes.registered(spec.kv_quant_mode)

@@ -125,17 +125,27 @@ class BackendShapedTarget(Adapter):
             if group.synthetic_backend is not None and group.synthetic_backend.shape is None and group.spec.is_attention:
                 return "field synthetic_backend.shape: this vLLM's backends declare their cache shape, and this synthetic one declares none"
             definition = pages.dtype_definition(group.spec)
-            if group.synthetic_backend is not None and group.spec.is_attention and definition is not None and not definition.plain:
-                # A synthetic backend declares its shape in heads and head sizes, which holds no scales or packed elements.
-                return f"cache dtype {group.spec.cache_dtype}: a synthetic backend's declared shape holds plain elements only"
+            if group.synthetic_backend is not None and group.spec.is_attention and definition is not None and not definition.plain \
+                    and pages.half_elements(group.spec) is None:
+                # A synthetic backend declares one head's K and V apart, in whole storage elements each.
+                return f"cache dtype {group.spec.cache_dtype}: a synthetic backend's declared shape cannot hold its K and V apart"
         return None
 
     def synthetic_namespace(self, backend: SyntheticBackend) -> dict[str, Any]:
         pattern = backend.shape or ("B", 2, "T", "H", "D")
         order = tuple(backend.stride_order) if backend.stride_order is not None else tuple(range(len(pattern)))
 
+        mla = "H" not in {parse_shape_entry(entry)[1] for entry in pattern}
+
         def shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int, cache_dtype_str: str = "auto") -> tuple[int, ...]:
-            return evaluate_shape(pattern, blocks=num_blocks, slots=block_size, heads=num_kv_heads, head_size=head_size)
+            # Its head dim holds one head's K (or V; MLA: the latent) in storage elements, as the cache dtype stores it.
+            storage = self.info.cache_dtypes.get(cache_dtype_str)
+            head = head_size
+            if storage is not None:
+                stored = SpecCase(kind="mla" if mla else "full", block_size=block_size, head_size=head_size, dtype=storage,
+                                  cache_dtype=cache_dtype_str)
+                head = pages.half_elements(stored) or head_size
+            return evaluate_shape(pattern, blocks=num_blocks, slots=block_size, heads=num_kv_heads, head_size=head)
 
         return {
             "get_kv_cache_shape": staticmethod(shape),
