@@ -405,7 +405,8 @@ def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, la
         candidates = [b for b in info.backends if b.is_mla == mla and (cache_dtype is None or cache_dtype in b.cache_dtypes)]
         # A synthetic backend declares one latent per slot, which DeepSeek's MLA records are not, and
         # on backend-shaped releases plain elements only.
-        fits_synthetic = cache_dtype is None or (cache_dtype not in dtypes.DS_MLA_RECORDS and not (shaped and _unalike(cache_dtype)))
+        fits_synthetic = cache_dtype is None or (cache_dtype not in dtypes.DS_MLA_RECORDS
+                                                 and not (shaped and (_unalike(cache_dtype) or (mla and _scaled(cache_dtype)))))
         use_synthetic = synthetic and fits_synthetic and (not candidates or source.chance(20))
         if not use_synthetic and not candidates:
             source.reject()
@@ -510,8 +511,10 @@ def _cache_dtype_fields(source: Source, info: TargetInfo, kind: str, backend: Ba
         if info.registers_dtypes and source.chance(15):
             return _registered_dtype(source, info, kind)
         # A synthetic backend declares a head's K and V apart on backend-shaped releases (formats storing them
-        # alike), and one latent per slot (which DeepSeek's MLA records are not).
-        choices = [c for c in info.cache_dtypes if c not in dtypes.DS_MLA_RECORDS and not (shaped and _unalike(c))] or ["auto"]
+        # alike) and there a plain latent (those releases' MLA specs quantize only the formats their own MLA
+        # backends write), and one latent per slot (which DeepSeek's MLA records are not).
+        choices = [c for c in info.cache_dtypes if c not in dtypes.DS_MLA_RECORDS and not (shaped and (_unalike(c) or (mla and _scaled(c))))]
+        choices = choices or ["auto"]
     choices = [c for c in choices if _applies(c, mla)] or ["auto"]
     cache = source.choice(ordered(choices, tuple(info.cache_dtypes)))
     definition = dtypes.definition(cache)
@@ -526,6 +529,12 @@ def _registered_dtype(source: Source, info: TargetInfo, kind: str) -> dict[str, 
     storage = source.choice(REGISTERED_STORAGE)
     quant = source.choice(info.quant_modes) if info.can(kind, "kv_quant_mode") else "none"
     return {"cache_dtype": f"kvfuzz_{storage}_{quant}", "dtype": storage, "kv_quant_mode": quant, "registered_cache_dtype": True}
+
+
+@functools.lru_cache(maxsize=256)
+def _scaled(cache: str) -> bool:
+    definition = dtypes.definition(cache)
+    return definition is not None and not definition.plain
 
 
 @functools.lru_cache(maxsize=256)

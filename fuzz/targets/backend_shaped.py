@@ -126,9 +126,9 @@ class BackendShapedTarget(Adapter):
                 return "field synthetic_backend.shape: this vLLM's backends declare their cache shape, and this synthetic one declares none"
             definition = pages.dtype_definition(group.spec)
             if group.synthetic_backend is not None and group.spec.is_attention and definition is not None and not definition.plain \
-                    and pages.half_elements(group.spec) is None:
-                # A synthetic backend declares one head's K and V apart, in whole storage elements each.
-                return f"cache dtype {group.spec.cache_dtype}: a synthetic backend's declared shape cannot hold its K and V apart"
+                    and (group.spec.is_mla or pages.half_elements(group.spec) is None):
+                # A synthetic backend declares one head's K and V apart, in whole storage elements each, and a plain latent.
+                return f"cache dtype {group.spec.cache_dtype}: a synthetic backend's declared shape cannot hold it here"
         return None
 
     def synthetic_namespace(self, backend: SyntheticBackend) -> dict[str, Any]:
