@@ -80,7 +80,7 @@ def _count(info, examples):
 
 
 def test_generators_reach_every_option(placed_info):
-    counts = _count(placed_info, 1500)
+    counts = _count(placed_info, 3000)
     # Edges of every numeric range, not the numbers of known bugs: compress ratios 2, other powers of two and others, a
     # stored block of one state, block sizes that are not powers of two, odd head sizes, kernel blocks cutting a state.
     wanted = (["groups=1", "groups=2", "sharing", "padded", "ratio=2", "ratio=power-of-two", "ratio=other", "storage-block-1",
