@@ -12,7 +12,7 @@ from fuzz.campaign.pool import Pool, RemoteTarget
 from fuzz.case import Case, GroupCase, SpecCase, to_dict
 from fuzz.targets import releases
 from fuzz.verdict.runner import run_case
-from tests.hostile import make_hostile_checkout
+from tests.hostile import TRIGGERS, make_hostile_checkout, seed_meeting
 
 pytest.importorskip("vllm")
 
@@ -29,20 +29,28 @@ def full(head: int, blocks: int) -> Case:
     return Case(groups=(GroupCase(spec=spec, layers=("l0",), backend="TRITON_ATTN", kernel_block_size=16),), num_blocks=blocks)
 
 
-@pytest.mark.parametrize(("head", "blocks", "kind", "detail"), [
-    (80, 1, "crash-signal", "SIGSEGV"),
-    (96, 2, "crash-signal", "SIGABRT"),
-    (32, 3, "hang", "no answer"),
-    (16, 4, "crash-on-valid", "SystemExit"),
-    (128, 2, "oom", ""),
+def hostile(action: str) -> Case:
+    """The case on which the hostile target does `action`."""
+    return full(*TRIGGERS[action])
+
+
+HARMLESS = full(64, 5)  # no trigger: the real function
+
+
+@pytest.mark.parametrize(("action", "kind", "detail"), [
+    ("segfault", "crash-signal", "SIGSEGV"),
+    ("abort", "crash-signal", "SIGABRT"),
+    ("hang", "hang", "no answer"),
+    ("exit", "crash-on-valid", "SystemExit"),
+    ("memory", "oom", ""),
 ])
-def test_each_failure_is_a_finding_and_the_worker_comes_back(hostile_pool, head, blocks, kind, detail):
+def test_each_failure_is_a_finding_and_the_worker_comes_back(hostile_pool, action, kind, detail):
     target = RemoteTarget(hostile_pool)
     restarts = hostile_pool.restarts
-    verdict = run_case(target, full(head, blocks), "cpu").verdict
+    verdict = run_case(target, hostile(action), "cpu").verdict
     assert verdict.finding is not None and verdict.finding.kind == kind, verdict
     assert detail in verdict.finding.message
-    assert run_case(target, full(64, 1), "cpu").verdict.status == "pass", "the respawned worker works"
+    assert run_case(target, HARMLESS, "cpu").verdict.status == "pass", "the respawned worker works"
     if kind in ("crash-signal", "hang"):
         assert hostile_pool.restarts == restarts + 1
 
@@ -50,7 +58,8 @@ def test_each_failure_is_a_finding_and_the_worker_comes_back(hostile_pool, head,
 @pytest.mark.slow
 def test_campaign_against_a_hostile_target_keeps_every_finding(hostile_pool, tmp_path):
     corpus_dir = tmp_path / "corpus"
-    options = CampaignOptions(device="cpu", max_time=300, max_cases=300, seed=4, corpus_dir=corpus_dir, shrink_seconds=3.0)
+    seed = seed_meeting(hostile_pool.info, ("segfault", "hang", "memory"), 300)
+    options = CampaignOptions(device="cpu", max_time=300, max_cases=300, seed=seed, corpus_dir=corpus_dir, shrink_seconds=3.0)
     report = Campaign(hostile_pool, options).run()
     assert report.cases == 300
     kinds = {r.finding.kind for r in report.findings}
@@ -61,7 +70,7 @@ def test_campaign_against_a_hostile_target_keeps_every_finding(hostile_pool, tmp
     assert report.restarts >= 2
 
 
-def first_value_finding(pool: Pool, seed: int = 0, limit: int = 80) -> int:
+def first_value_finding(pool: Pool, seed: int = 0, limit: int = 400) -> int:
     from fuzz.space import draw_indexed
 
     target = RemoteTarget(pool)
@@ -92,7 +101,7 @@ def test_a_worker_waiting_for_its_ack_is_no_hang(hostile_pool):
     spare = hostile_pool.spare_target()
     restarts = hostile_pool.restarts
     time.sleep(2 * hostile_pool.case_timeout)
-    assert run_case(spare, full(64, 1), "cpu").verdict.status == "pass"
+    assert run_case(spare, HARMLESS, "cpu").verdict.status == "pass"
     found, losses = hostile_pool.poll(0.1)
     assert not losses and hostile_pool.restarts == restarts, "a worker waiting for its ack is not hung"
     hostile_pool.ack(0)
@@ -106,14 +115,14 @@ def test_a_worker_waiting_for_its_ack_is_no_hang(hostile_pool):
 
 
 def test_interrupting_a_busy_worker_is_no_loss_and_leaves_a_fresh_one(hostile_pool):
-    hostile_pool.send(hostile_pool.workers[0], "execute", {"id": 0, "case": to_dict(full(32, 3)), "device": "cpu", "probe": False})
+    hostile_pool.send(hostile_pool.workers[0], "execute", {"id": 0, "case": to_dict(hostile("hang")), "device": "cpu", "probe": False})
     time.sleep(0.5)  # it runs the hanging case
     restarts = hostile_pool.restarts
     batch_id, index, phase = hostile_pool.interrupt(0)
     assert (batch_id, phase) == (-1, protocol.RUNNING)
     assert hostile_pool.poll(0.2) == ([], [])
     assert hostile_pool.restarts == restarts
-    assert run_case(RemoteTarget(hostile_pool), full(64, 1), "cpu").verdict.status == "pass"
+    assert run_case(RemoteTarget(hostile_pool), HARMLESS, "cpu").verdict.status == "pass"
 
 
 def test_one_case_on_the_spare_returns_while_another_worker_reports(hostile_pool):
@@ -121,7 +130,7 @@ def test_one_case_on_the_spare_returns_while_another_worker_reports(hostile_pool
     spare = hostile_pool.spare_target()
     hostile_pool.start_batch(0, batch(200, 8, number=7))
     result: list = []
-    waiting = threading.Thread(target=lambda: result.append(run_case(spare, full(32, 3), "cpu")), daemon=True)
+    waiting = threading.Thread(target=lambda: result.append(run_case(spare, hostile("hang"), "cpu")), daemon=True)
     waiting.start()  # the hanging case: it takes the whole case timeout, the batch far less
     waiting.join(60)
     assert not waiting.is_alive(), "execute never returned"

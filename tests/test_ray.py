@@ -15,7 +15,7 @@ from fuzz.campaign.engine import Campaign, CampaignOptions, Report
 from fuzz.case import load
 from fuzz.errors import TargetError, UsageError
 from fuzz.targets import releases
-from tests.hostile import make_hostile_checkout
+from tests.hostile import make_hostile_checkout, seed_meeting
 
 try:
     import ray
@@ -147,7 +147,8 @@ def test_a_target_that_kills_its_process_on_a_node_is_recorded_as_on_one_machine
     pytest.importorskip("vllm")
     checkout = make_hostile_checkout(tmp_path / "hostile")
     with open_pool(cluster, str(checkout), case_timeout=2.0, max_memory=256 << 20) as pool:
-        report = Campaign(pool, options(tmp_path, 300, seed=4)).run()
+        seed = seed_meeting(pool.info, ("segfault", "hang", "memory"), 300)
+        report = Campaign(pool, options(tmp_path, 300, seed=seed)).run()
         reruns = pool.reruns
     assert report.cases == 300
     kinds = {r.finding.kind for r in report.findings}

@@ -13,13 +13,16 @@ def load_local() -> Target:
 
         from fuzz.targets import backend_shaped, layout_placed
         from fuzz.targets.entry_points import Probe
+        from fuzz.targets.native import settle_kernel_library
     except Exception as error:  # noqa: BLE001 - any import failure is a setup error
         raise TargetError(f"cannot import vLLM: {type(error).__name__}: {error}".splitlines()[0]) from None
     version = str(getattr(vllm, "__version__", "?"))
     probe = Probe(version)
     if layout_placed.probe(probe):
+        settle_kernel_library()
         return layout_placed.LayoutPlacedTarget(probe)
     if backend_shaped.probe(probe):
+        settle_kernel_library()
         return backend_shaped.BackendShapedTarget(probe)
     raise TargetError(
         f"vLLM {version} has neither allocate_kv_cache (layout-placed views) nor _reshape_kv_cache (backend-shaped views) "

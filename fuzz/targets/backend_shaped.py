@@ -100,7 +100,10 @@ class BackendShapedTarget(Adapter):
     def describe_backend(self, name: str, cls: type) -> BackendInfo:
         required = getattr(cls, "get_required_kv_cache_layout", lambda: None)()
         info = self.base_backend_info(name, cls, layouts=None if required is None else (required,))
-        return BackendInfo(**{**info.__dict__, "kv_first": self._kv_first(cls, info.is_mla)})
+        # Before 0.29 a backend learns the V head size only from the model (set_head_size_v, DiffKV): only such a
+        # backend's declared shape can hold K and V heads of different sizes.
+        asymmetric = hasattr(cls, "set_head_size_v")
+        return BackendInfo(**{**info.__dict__, "kv_first": self._kv_first(cls, info.is_mla), "asymmetric_kv": asymmetric})
 
     def _kv_first(self, cls: type, is_mla: bool) -> bool:
         try:

@@ -265,8 +265,10 @@ class Adapter:
         # Checks this target cannot run: name -> why (one line).
         self.off: dict[str, str] = {}
         self.config = self._make_config(probe.get("VllmConfig"))
-        # Backends consult the current vLLM config (stride order, kernel sizes); keep one set.
-        probe.get("set_current_vllm_config")(self.config).__enter__()
+        # Backends consult the current vLLM config (stride order, kernel sizes); keep one set. The context is held for
+        # the target's life: a context manager nobody holds is collected at once, and its exit unsets the config.
+        self._config_context = probe.get("set_current_vllm_config")(self.config)
+        self._config_context.__enter__()
         found_v1 = probe.find("V1 runner")
         self.v1 = None if found_v1 is None else V1Runner(found_v1)
         if self.v1 is None:
