@@ -288,6 +288,9 @@ def _with_options(source: Source, info: TargetInfo, case: Case) -> Case:
     if packing == "uniform_type" and info.contract.layout_placed:
         # From 0.29 vLLM's planner sees a UniformTypeKVCacheSpecs group only for layers that differ in size.
         case = replace(case, groups=tuple(_differing_heads(source, g) for g in case.groups))
+    elif packing == "uniform_type" and info.contract.page_buckets and len(case.groups) > 1:
+        # DeepSeek V4's planner (0.20 - 0.23) buffers such groups by page size: let later groups' pages differ.
+        case = replace(case, groups=case.groups[:1] + tuple(_fewer_heads(source, g) for g in case.groups[1:]))
     spec_source = "case"
     if info.layer_kinds and layer_reason(replace(case, spec_source="vllm"), info) is None and source.chance(50):
         spec_source = "vllm"
@@ -311,6 +314,16 @@ def _differing_heads(source: Source, group: GroupCase) -> GroupCase:
     return dataclasses.replace(group, layer_heads=tuple(heads))
 
 
+def _fewer_heads(source: Source, group: GroupCase) -> GroupCase:
+    """Now and then the group with fewer KV heads (a smaller page, so the case still fits the buffer cap), where the heads
+    alone size its page: a real backend's unpadded, unpublished attention page."""
+    spec = group.spec
+    plain = spec.is_attention and not spec.is_mla and spec.page_size_padded is None and spec.num_head_slots is None
+    if not plain or group.synthetic_backend is not None or spec.num_kv_heads < 2 or not source.chance(50):
+        return group
+    return dataclasses.replace(group, spec=dataclasses.replace(spec, num_kv_heads=edge_int(source, 1, spec.num_kv_heads - 1)))
+
+
 def _can_differ(group: GroupCase) -> bool:
     spec = group.spec
     most = spec.num_kv_heads if spec.page_size_padded is not None else MAX_HEADS
@@ -330,7 +343,7 @@ def packing_reason(case: Case, info: TargetInfo, packing: str) -> str | None:
     if packing == "uniform_type":
         if not all(g.spec.is_attention for g in case.groups):
             return "UniformTypeKVCacheSpecs hold attention layers only"
-        if len(case.groups) > 1 and info.contract.packing == "none":
+        if len(case.groups) > 1 and info.contract.packing == "none" and not info.contract.page_buckets:
             return "this vLLM plans one group of UniformTypeKVCacheSpecs only"
         if info.contract.layout_placed and not all(_can_differ(g) for g in case.groups):
             return "from 0.29 a UniformTypeKVCacheSpecs group holds layers with KV heads that differ in size"
@@ -360,12 +373,23 @@ def layer_reason(case: Case, info: TargetInfo) -> str | None:
     return None
 
 
+ZEROER_NEEDS_MAMBA = ("vLLM zeroes freed blocks only for models with Mamba layers (KVCacheConfig.needs_kv_cache_zeroing), "
+                      "never for DeepSeek V4's pages of several sizes")
+
+
+def _page_buckets(info: TargetInfo, case: Case) -> bool:
+    """Whether the planner buffers the case's groups by page size (several UniformTypeKVCacheSpecs groups, 0.20 - 0.23)."""
+    return info.contract.page_buckets and case.packing == "uniform_type" and len(case.groups) > 1
+
+
 def _touches(source: Source, info: TargetInfo, case: Case) -> Touches:
     """The consumers the case runs (each the target has, at least one), the blocks they zero and map, one block copy,
     and one to three tokens for the kernel probe, positions biased to a block's first and last token."""
     consumers = tuple(name for name in info.consumers if source.chance(50))
     if info.consumers and not consumers:
         consumers = (source.choice(info.consumers),)
+    if _page_buckets(info, case) and len({pages.page(g.spec).page_bytes for g in case.groups}) > 1:
+        consumers = tuple(name for name in consumers if name != "zeroer")  # ZEROER_NEEDS_MAMBA
     last = case.num_blocks - 1
     blocks = tuple(sorted({source.integer(0, last) for _ in range(source.integer(1, 2))}))
     copies: tuple[tuple[int, int], ...] = ()
@@ -651,8 +675,10 @@ def unrealistic(case: Case, info: TargetInfo) -> str | None:
     if shaped and len({(g.backend, g.synthetic_backend) for g in attention}) > 1:
         return "one attention backend per model before 0.29"
     page_sizes = {pages.page(g.spec).page_bytes for g in case.groups}
-    if shaped and len(page_sizes) > 1:
+    if shaped and len(page_sizes) > 1 and not _page_buckets(info, case):
         return "pools hold one page size before 0.29"
+    if _page_buckets(info, case) and len(page_sizes) > 1 and case.touches is not None and "zeroer" in case.touches.consumers:
+        return ZEROER_NEEDS_MAMBA
     if attention and any(g.spec.kind == "mamba" and len(g.layers) < max(len(a.layers) for a in attention) for g in case.groups):
         return "a Mamba group has a layer in every pool"
     return None

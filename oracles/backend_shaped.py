@@ -49,11 +49,15 @@ class Placement:
 
 
 def expect(case: Case, contract: Contract) -> Expectation:
+    if not case.groups:
+        # An attention-free model: the views are checked on every other case; here only that its plan holds nothing.
+        return Expectation(contract=contract.name, exact_buffers=True, planned_blocks=rules.planned_blocks(case.num_blocks, attention_free=True))
     page_sizes = {pages.page(g.spec).page_bytes for g in case.groups}
     slab = packing.slab(case, contract)
-    if slab is None and len(case.groups) > 1 and len(page_sizes) > 1:
+    buckets = _page_buckets(case, contract)
+    if slab is None and buckets is None and len(case.groups) > 1 and len(page_sizes) > 1:
         return rejected(contract.name, "KV-cache groups that share buffers need one page size")
-    pools = _pools(case, slab)
+    pools = [members for _, members in buckets] if buckets is not None else _pools(case, slab)
     mamba_pools = {pool for pool, members in enumerate(pools) if any(case.groups[case.group_of(m)].spec.kind == "mamba" for m in members)}
     buffer_of = {name: pool for pool, members in enumerate(pools) for name in members}
     layers: dict[str, LayerExpectation] = {}
@@ -72,10 +76,9 @@ def expect(case: Case, contract: Contract) -> Expectation:
                 return rejected(contract.name, built, name)
             layers[name] = built
     layers = with_sharers(layers, case.kv_sharing)
-    pitch = slab.block_stride if slab else max(page_sizes)
     return Expectation(
         contract=contract.name,
-        buffers=tuple(case.num_blocks * pitch for _ in pools),
+        buffers=_buffer_sizes(case, contract, slab, buckets),
         layers=layers,
         kv_sharing=dict(case.kv_sharing),
         kernel_block_sizes=kernel_sizes,
@@ -85,9 +88,25 @@ def expect(case: Case, contract: Contract) -> Expectation:
 def buffer_bytes(case: Case, contract: Contract) -> int:
     """Bytes of all the raw buffers the contract gives this case."""
     slab = packing.slab(case, contract)
+    return sum(_buffer_sizes(case, contract, slab, _page_buckets(case, contract)))
+
+
+def _buffer_sizes(case: Case, contract: Contract, slab: packing.Slab | None, buckets: list[tuple[int, list[str]]] | None) -> tuple[int, ...]:
     if slab is not None:
-        return case.num_blocks * slab.block_stride
-    return len(_pools(case, None)) * case.num_blocks * max(pages.page(g.spec).page_bytes for g in case.groups)
+        return (case.num_blocks * slab.block_stride,)
+    if buckets is not None:
+        return tuple(case.num_blocks * page_bytes for page_bytes, _ in buckets)
+    if not case.groups:
+        return ()
+    pitch = max(pages.page(g.spec).page_bytes for g in case.groups)
+    return tuple(case.num_blocks * pitch for _ in _pools(case, None))
+
+
+def _page_buckets(case: Case, contract: Contract) -> list[tuple[int, list[str]]] | None:
+    """The (page size, layers) buffers of several UniformTypeKVCacheSpecs groups where the planner buckets them by page size."""
+    if not (contract.page_buckets and case.packing == "uniform_type" and len(case.groups) > 1):
+        return None
+    return rules.page_bucket_pools([[(name, pages.page(g.spec).page_bytes) for name in g.layers] for g in case.groups])
 
 
 def _pools(case: Case, slab: packing.Slab | None) -> list[list[str]]:

@@ -84,16 +84,19 @@ class Contract:
     # Backend-shaped 0.24+: how the planner packs layers into per-block slabs when asked ("none",
     # "bucketed" 0.24-0.26, "per-group" 0.27-0.28).
     packing: str = "none"
+    # Backend-shaped 0.20-0.23: several groups of UniformTypeKVCacheSpecs (DeepSeek V4) get one buffer per
+    # (page size, slot) instead of one page size for all groups (`page_buckets`).
+    page_buckets: bool = False
 
 
 SHAPED_019 = Contract(name="shaped-0.19", shape_block="tokens")
-SHAPED_020 = Contract(name="shaped-0.20", padded_pages=True)
-SHAPED_021 = Contract(name="shaped-0.21", padded_pages=True, mamba_views="per-state")
-SHAPED_022 = Contract(name="shaped-0.22", padded_pages=True, mamba_views="per-state", kernel_split=True)
+SHAPED_020 = Contract(name="shaped-0.20", padded_pages=True, page_buckets=True)
+SHAPED_021 = Contract(name="shaped-0.21", padded_pages=True, mamba_views="per-state", page_buckets=True)
+SHAPED_022 = Contract(name="shaped-0.22", padded_pages=True, mamba_views="per-state", kernel_split=True, page_buckets=True)
 SHAPED_024 = Contract(name="shaped-0.24", padded_pages=True, mamba_views="per-state", kernel_split=True, packing="bucketed")
 SHAPED_027 = Contract(name="shaped-0.27", padded_pages=True, mamba_views="page-bytes", kernel_split=True, packing="per-group")
 SHAPED_019_V1 = Contract(name="shaped-0.19-v1", kernel_split=True)
-SHAPED_020_V1 = Contract(name="shaped-0.20-v1", padded_pages=True, kernel_split=True)
+SHAPED_020_V1 = Contract(name="shaped-0.20-v1", padded_pages=True, kernel_split=True, page_buckets=True)
 LAYOUT_PLACED = Contract(name="placed-0.29", layout_placed=True)
 LAYOUT_PLACED_KERNEL_MAP = Contract(name="placed-0.32", layout_placed=True, packed_kernel_map=True)
 
@@ -333,6 +336,27 @@ def shaped_pools(group_layers: list[tuple[str, ...]]) -> list[list[str]]:
         return [[name] for name in group_layers[0]]
     depth = max(len(layers) for layers in group_layers)
     return [[layers[i] for layers in group_layers if i < len(layers)] for i in range(depth)]
+
+
+@rule("vllm/v1/core/kv_cache_utils.py (0.20 - 0.23) get_kv_cache_config_from_groups: 'DeepseekV4: UniformTypeKVCacheSpecs but "
+      "multiple groups' goes to _get_kv_cache_config_deepseek_v4: 'Emit one KVCacheTensor per (slot_idx, page_size). Layers from "
+      "different groups at the same slot share a tensor (they have independent block tables so block-id namespaces never "
+      "collide)'; _bucket_layers_by_page_size: 'result[ps][slot_idx] = [layer_names]'")
+def page_bucket_pools(group_layers: Sequence[Sequence[tuple[str, int]]]) -> list[tuple[int, list[str]]]:
+    """Several groups of UniformTypeKVCacheSpecs: a layer's slot counts the layers of its own group with its page size
+    before it; the layers of every group at one (page size, slot) share one buffer of pages of that size. Buffers come
+    by page size in the order the sizes first appear, then by slot."""
+    buckets: dict[int, list[list[str]]] = {}
+    for layers in group_layers:
+        seen: dict[int, int] = {}
+        for name, page_bytes in layers:
+            slot = seen.get(page_bytes, 0)
+            seen[page_bytes] = slot + 1
+            slots = buckets.setdefault(page_bytes, [])
+            if slot == len(slots):
+                slots.append([])
+            slots[slot].append(name)
+    return [(page_bytes, members) for page_bytes, slots in buckets.items() for members in slots]
 
 
 @rule("vllm/v1/attention/backend.py AttentionBackend.get_kv_cache_shape / get_kv_cache_stride_order (<= 0.28): 'the "

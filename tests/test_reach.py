@@ -9,6 +9,7 @@ import pytest
 from fuzz.errors import TargetError
 from fuzz.space import Rejected, draw_indexed
 from fuzz.targets.base import TargetInfo
+from oracles import pages
 
 pytestmark = [pytest.mark.releases, pytest.mark.slow]
 SAMPLE = 4000
@@ -76,6 +77,9 @@ def surface_counts(info: TargetInfo, sample: int = SAMPLE, seed: int = 1) -> Cou
         drawn["platform=" + case.platform] += 1
         drawn["attention_free"] += not case.groups
         drawn["layers_differ"] += any(len(set(g.layer_specs)) > 1 for g in case.groups)
+        drawn["value_heads_differ"] += any(g.spec.head_size_v not in (None, g.spec.head_size) for g in case.groups)
+        several_uniform = case.packing == "uniform_type" and len(case.groups) > 1
+        drawn["page_buckets"] += several_uniform and len({pages.page(g.spec).page_bytes for g in case.groups}) > 1
         for consumer in case.touches.consumers if case.touches is not None else ():
             drawn["consumer=" + consumer] += 1
         for group in case.groups:
@@ -87,14 +91,18 @@ def surface_counts(info: TargetInfo, sample: int = SAMPLE, seed: int = 1) -> Cou
 @pytest.mark.parametrize("version", ["0.19.1", "0.22.0", "0.25.0", "0.29.0", "0.32.0", "0.33.0", "0.34.0"])
 def test_every_generation_reaches_the_whole_surface_it_has(version):
     """One release per generation (and 0.25, where the CPU runner's zeroer appears): each runner, packing, consumer,
-    platform and quantized cache dtype the release has, vLLM-built specs where its layers build, and from 0.29 layers that
-    differ in size and attention-free models, are drawn."""
+    platform and quantized cache dtype the release has, vLLM-built specs where its layers build, attention-free models,
+    K and V heads of different sizes where a backend takes them, several UniformTypeKVCacheSpecs groups of different page
+    sizes where the planner buckets them (0.20 - 0.23), and from 0.29 layers that differ in size, are drawn."""
     info = release_info(version)
     drawn = surface_counts(info, sample=2000)
     wanted = (["runner=" + r for r in ("v1", "both") if "v1" in info.runners] + ["packing=" + p for p in info.packings]
               + ["consumer=" + c for c in info.consumers] + (["spec_source=vllm"] if info.layer_kinds else [])
               + ["platform=" + p for p in info.platforms] + (["attention_free"] if info.attention_free else [])
               + (["layers_differ"] if info.contract.layout_placed and "uniform_type" in info.packings else [])
+              + (["page_buckets"] if info.contract.page_buckets and "uniform_type" in info.packings else [])
+              + (["value_heads_differ"] if info.can("full", "head_size_v") and any(b.asymmetric_kv and not b.is_mla for b in info.backends)
+                 else [])
               + ["quantized=" + d for d in info.cache_dtypes if d not in PLAIN_CACHE_DTYPES
                  and any(d in b.cache_dtypes for b in info.backends)])
     print(version, " ".join(f"{option}:{drawn[option]}" for option in sorted(wanted)))

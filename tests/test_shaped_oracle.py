@@ -140,3 +140,38 @@ def test_shaped_oracle_layouts_are_sound(data):
     e = expect(dataclasses.replace(case, groups=groups), SHAPED_022)
     if e.accepted:
         assert_sound(e)
+
+
+def uniform_groups(*groups: tuple[SpecCase, tuple[str, ...]]) -> Case:
+    return Case(groups=tuple(GroupCase(spec=spec, layers=layers, synthetic_backend=KV_INNER, kernel_block_size=spec.block_size)
+                             for spec, layers in groups), num_blocks=3, layout="NHD", packing="uniform_type")
+
+
+def test_several_uniform_type_groups_get_a_buffer_per_page_size_and_slot():
+    # 0.20 - 0.23 (DeepSeek V4's planner): the i-th layer of each group with a page size shares that size's i-th buffer.
+    small = dataclasses.replace(FULL, num_kv_heads=1)  # 4096-byte pages beside FULL's 8192
+    case = uniform_groups((FULL, ("a0", "a1")), (small, ("b0", "b1")), (FULL, ("c0",)))
+    e = expect(case, SHAPED_022)
+    assert e.accepted
+    assert e.buffers == (3 * 8192, 3 * 8192, 3 * 4096, 3 * 4096)
+    buffer_of = {name: layer.views[0].buffer for name, layer in e.layers.items()}
+    assert buffer_of == {"a0": 0, "c0": 0, "a1": 1, "b0": 2, "b1": 3}
+    assert e.layers["b1"].views[0].byte_strides[0] == 4096  # its own page pitch, not the widest group's
+    assert_sound(e)
+
+
+def test_uniform_type_groups_of_one_page_size_share_pools_as_any_groups_do():
+    case = uniform_groups((FULL, ("a0", "a1")), (FULL, ("b0",)))
+    assert expect(case, SHAPED_022).buffers == expect(dataclasses.replace(case, packing="none"), SHAPED_022).buffers == (3 * 8192,) * 2
+
+
+def test_groups_of_mixed_pages_are_refused_where_no_planner_buckets_them():
+    small = dataclasses.replace(FULL, num_kv_heads=1)
+    case = uniform_groups((FULL, ("a0",)), (small, ("b0",)))
+    assert not expect(case, SHAPED_019).accepted  # 0.19 plans several groups with one page size only
+    assert not expect(dataclasses.replace(case, packing="none"), SHAPED_022).accepted
+
+
+def test_an_attention_free_model_plans_one_block_and_no_buffer():
+    e = expect(Case(groups=(), num_blocks=5), SHAPED_022)
+    assert e.accepted and e.buffers == () and e.exact_buffers and e.planned_blocks == 1

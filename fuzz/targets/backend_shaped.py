@@ -68,14 +68,15 @@ class BackendShapedTarget(Adapter):
             self.off["kv-sharing"] = f"{reshape.where} takes no shared_kv_cache_layers; cases with KV-sharing layers are not drawn"
         # A backend's declaration depends only on these arguments: ask it once per combination.
         self._declared: dict[tuple[Any, ...], tuple[tuple[int | str, ...], tuple[int, ...]]] = {}
-        # Every release plans a group of same-type layers with different hidden sizes (UniformTypeKVCacheSpecs); only
-        # releases that pack slabs also take several such groups (DeepSeek V4) or cross-layer blocks.
+        # Every release plans a group of same-type layers with different hidden sizes (UniformTypeKVCacheSpecs); 0.20 - 0.23
+        # also several such groups (DeepSeek V4: buffers by page size, contract page_buckets), 0.24 - 0.28 pack them in
+        # slabs, as they do cross-layer blocks.
         packings = ("none",)
         if self.contract.packing != "none" and self.transfer_config is not None:
             packings += ("cross_layers",)
         if self.uniform_specs is not None:
             packings += ("uniform_type",)
-        self.info = self.target_info(self.contract, ("NHD", "HND"), packings=packings)
+        self.info = self.target_info(self.contract, ("NHD", "HND"), packings=packings, attention_free=True)
 
     def _probe_contract(self, entry_points: Probe) -> Contract:
         mamba_lists = hasattr(self.attn_utils, "_update_hybrid_attention_layout")
