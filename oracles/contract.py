@@ -20,8 +20,11 @@ backend's stride order.
 - shaped-0.19  0.19: the shape counts tokens per block; no padding, no Mamba, no kernel split.
 - shaped-0.20  0.20: the shape counts stored slots (block_size / compress_ratio); padded pages.
 - shaped-0.21  0.21: Mamba layers get one view per state tensor, packed inside each page.
-- shaped-0.22  0.22-0.23: views address kernel blocks (block_size / kernel_block_size per
-               block); a compressed cache keeps its stored block as its kernel block.
+- shaped-0.22  0.22: views address kernel blocks (block_size / kernel_block_size per block); a
+               compressed cache keeps its stored block as its kernel block.
+- shaped-0.23  0.23: 0.22's, and several UniformTypeKVCacheSpecs groups (DeepSeek V4) get one
+               buffer per (page size, slot) whatever their page sizes (0.20 - 0.22 assume every
+               group's pages are among group 0's sizes, which the model's own grouping pads to).
 - shaped-0.24  0.24-0.26: 0.22's, and the planner may pack layers into one per-block slab (the
                cross-layer-blocks connector setting, DeepSeek V4's UniformTypeKVCacheSpecs groups):
                one slot per (page size, layer index), buckets side by side (oracles/packing.py).
@@ -84,23 +87,24 @@ class Contract:
     # Backend-shaped 0.24+: how the planner packs layers into per-block slabs when asked ("none",
     # "bucketed" 0.24-0.26, "per-group" 0.27-0.28).
     packing: str = "none"
-    # Backend-shaped 0.20-0.23: several groups of UniformTypeKVCacheSpecs (DeepSeek V4) get one buffer per
-    # (page size, slot) instead of one page size for all groups (`page_buckets`).
+    # Backend-shaped 0.23: several groups of UniformTypeKVCacheSpecs (DeepSeek V4) get one buffer per (page size,
+    # slot), whatever their page sizes (`page_bucket_pools`); 0.20 - 0.22 bucket only group 0's page sizes.
     page_buckets: bool = False
 
 
 SHAPED_019 = Contract(name="shaped-0.19", shape_block="tokens")
-SHAPED_020 = Contract(name="shaped-0.20", padded_pages=True, page_buckets=True)
-SHAPED_021 = Contract(name="shaped-0.21", padded_pages=True, mamba_views="per-state", page_buckets=True)
-SHAPED_022 = Contract(name="shaped-0.22", padded_pages=True, mamba_views="per-state", kernel_split=True, page_buckets=True)
+SHAPED_020 = Contract(name="shaped-0.20", padded_pages=True)
+SHAPED_021 = Contract(name="shaped-0.21", padded_pages=True, mamba_views="per-state")
+SHAPED_022 = Contract(name="shaped-0.22", padded_pages=True, mamba_views="per-state", kernel_split=True)
+SHAPED_023 = Contract(name="shaped-0.23", padded_pages=True, mamba_views="per-state", kernel_split=True, page_buckets=True)
 SHAPED_024 = Contract(name="shaped-0.24", padded_pages=True, mamba_views="per-state", kernel_split=True, packing="bucketed")
 SHAPED_027 = Contract(name="shaped-0.27", padded_pages=True, mamba_views="page-bytes", kernel_split=True, packing="per-group")
 SHAPED_019_V1 = Contract(name="shaped-0.19-v1", kernel_split=True)
-SHAPED_020_V1 = Contract(name="shaped-0.20-v1", padded_pages=True, kernel_split=True, page_buckets=True)
+SHAPED_020_V1 = Contract(name="shaped-0.20-v1", padded_pages=True, kernel_split=True)
 LAYOUT_PLACED = Contract(name="placed-0.29", layout_placed=True)
 LAYOUT_PLACED_KERNEL_MAP = Contract(name="placed-0.32", layout_placed=True, packed_kernel_map=True)
 
-CONTRACTS = {c.name: c for c in (SHAPED_019, SHAPED_020, SHAPED_021, SHAPED_022, SHAPED_024, SHAPED_027, SHAPED_019_V1, SHAPED_020_V1,
+CONTRACTS = {c.name: c for c in (SHAPED_019, SHAPED_020, SHAPED_021, SHAPED_022, SHAPED_023, SHAPED_024, SHAPED_027, SHAPED_019_V1, SHAPED_020_V1,
                                  LAYOUT_PLACED, LAYOUT_PLACED_KERNEL_MAP)}
 
 
@@ -338,7 +342,7 @@ def shaped_pools(group_layers: list[tuple[str, ...]]) -> list[list[str]]:
     return [[layers[i] for layers in group_layers if i < len(layers)] for i in range(depth)]
 
 
-@rule("vllm/v1/core/kv_cache_utils.py (0.20 - 0.23) get_kv_cache_config_from_groups: 'DeepseekV4: UniformTypeKVCacheSpecs but "
+@rule("vllm/v1/core/kv_cache_utils.py (0.23) get_kv_cache_config_from_groups: 'DeepseekV4: UniformTypeKVCacheSpecs but "
       "multiple groups' goes to _get_kv_cache_config_deepseek_v4: 'Emit one KVCacheTensor per (slot_idx, page_size). Layers from "
       "different groups at the same slot share a tensor (they have independent block tables so block-id namespaces never "
       "collide)'; _bucket_layers_by_page_size: 'result[ps][slot_idx] = [layer_names]'")

@@ -88,7 +88,7 @@ def surface_counts(info: TargetInfo, sample: int = SAMPLE, seed: int = 1) -> Cou
     return drawn
 
 
-@pytest.mark.parametrize("version", ["0.19.1", "0.22.0", "0.25.0", "0.29.0", "0.32.0", "0.33.0", "0.34.0"])
+@pytest.mark.parametrize("version", ["0.19.1", "0.22.0", "0.23.0", "0.25.0", "0.29.0", "0.32.0", "0.33.0", "0.34.0"])
 def test_every_generation_reaches_the_whole_surface_it_has(version):
     """One release per generation (and 0.25, where the CPU runner's zeroer appears): each runner, packing, consumer,
     platform and quantized cache dtype the release has, vLLM-built specs where its layers build, attention-free models,

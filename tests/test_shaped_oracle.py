@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend
 from fuzz.strategies import cases
 from oracles import expect
-from oracles.contract import SHAPED_019, SHAPED_021, SHAPED_022, SHAPED_027
+from oracles.contract import SHAPED_019, SHAPED_021, SHAPED_022, SHAPED_023, SHAPED_027
 from tests.conftest import one_group, synthetic_info
 from tests.test_oracle import assert_sound
 
@@ -148,10 +148,10 @@ def uniform_groups(*groups: tuple[SpecCase, tuple[str, ...]]) -> Case:
 
 
 def test_several_uniform_type_groups_get_a_buffer_per_page_size_and_slot():
-    # 0.20 - 0.23 (DeepSeek V4's planner): the i-th layer of each group with a page size shares that size's i-th buffer.
+    # 0.23 (DeepSeek V4's planner): the i-th layer of each group with a page size shares that size's i-th buffer.
     small = dataclasses.replace(FULL, num_kv_heads=1)  # 4096-byte pages beside FULL's 8192
     case = uniform_groups((FULL, ("a0", "a1")), (small, ("b0", "b1")), (FULL, ("c0",)))
-    e = expect(case, SHAPED_022)
+    e = expect(case, SHAPED_023)
     assert e.accepted
     assert e.buffers == (3 * 8192, 3 * 8192, 3 * 4096, 3 * 4096)
     buffer_of = {name: layer.views[0].buffer for name, layer in e.layers.items()}
@@ -162,16 +162,16 @@ def test_several_uniform_type_groups_get_a_buffer_per_page_size_and_slot():
 
 def test_uniform_type_groups_of_one_page_size_share_pools_as_any_groups_do():
     case = uniform_groups((FULL, ("a0", "a1")), (FULL, ("b0",)))
-    assert expect(case, SHAPED_022).buffers == expect(dataclasses.replace(case, packing="none"), SHAPED_022).buffers == (3 * 8192,) * 2
+    assert expect(case, SHAPED_023).buffers == expect(dataclasses.replace(case, packing="none"), SHAPED_023).buffers == (3 * 8192,) * 2
 
 
 def test_groups_of_mixed_pages_are_refused_where_no_planner_buckets_them():
     small = dataclasses.replace(FULL, num_kv_heads=1)
     case = uniform_groups((FULL, ("a0",)), (small, ("b0",)))
-    assert not expect(case, SHAPED_019).accepted  # 0.19 plans several groups with one page size only
-    assert not expect(dataclasses.replace(case, packing="none"), SHAPED_022).accepted
+    assert not expect(case, SHAPED_022).accepted  # 0.20 - 0.22 bucket only the first group's page sizes
+    assert not expect(dataclasses.replace(case, packing="none"), SHAPED_023).accepted
 
 
 def test_an_attention_free_model_plans_one_block_and_no_buffer():
-    e = expect(Case(groups=(), num_blocks=5), SHAPED_022)
+    e = expect(Case(groups=(), num_blocks=5), SHAPED_023)
     assert e.accepted and e.buffers == () and e.exact_buffers and e.planned_blocks == 1

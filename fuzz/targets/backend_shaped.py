@@ -28,7 +28,7 @@ from fuzz.targets.base import BackendInfo
 from fuzz.targets.common import Adapter, unique_buffers
 from fuzz.targets.entry_points import Probe
 from oracles import pages
-from oracles.contract import SHAPED_019, SHAPED_020, SHAPED_021, SHAPED_022, SHAPED_024, SHAPED_027, Contract
+from oracles.contract import SHAPED_019, SHAPED_020, SHAPED_021, SHAPED_022, SHAPED_023, SHAPED_024, SHAPED_027, Contract
 
 # Sentinels for reading a declared shape: a block count no axis has by chance, and two slot
 # counts (multiples of 16, which some backends require).
@@ -68,9 +68,9 @@ class BackendShapedTarget(Adapter):
             self.off["kv-sharing"] = f"{reshape.where} takes no shared_kv_cache_layers; cases with KV-sharing layers are not drawn"
         # A backend's declaration depends only on these arguments: ask it once per combination.
         self._declared: dict[tuple[Any, ...], tuple[tuple[int | str, ...], tuple[int, ...]]] = {}
-        # Every release plans a group of same-type layers with different hidden sizes (UniformTypeKVCacheSpecs); 0.20 - 0.23
-        # also several such groups (DeepSeek V4: buffers by page size, contract page_buckets), 0.24 - 0.28 pack them in
-        # slabs, as they do cross-layer blocks.
+        # Every release plans a group of same-type layers with different hidden sizes (UniformTypeKVCacheSpecs); 0.23 also
+        # several such groups (DeepSeek V4: buffers by page size, contract page_buckets), 0.24 - 0.28 pack them in slabs,
+        # as they do cross-layer blocks.
         packings = ("none",)
         if self.contract.packing != "none" and self.transfer_config is not None:
             packings += ("cross_layers",)
@@ -86,7 +86,12 @@ class BackendShapedTarget(Adapter):
             # The planner can pack layers into per-block slabs (a KVCacheTensor with an offset and a block stride, 0.24+).
             tensor = entry_points.find("KVCacheTensor")
             packs = tensor is not None and "block_stride" in {f.name for f in dataclasses.fields(tensor.obj)}
-            return SHAPED_024 if packs else SHAPED_022
+            if packs:
+                return SHAPED_024
+            # 0.23's planner buckets every group's layers by page size; 0.20 - 0.22 only group 0's page sizes.
+            planner = entry_points.find("planner")
+            buckets = planner is not None and hasattr(importlib.import_module(planner.module), "_bucket_layers_by_page_size")
+            return SHAPED_023 if buckets else SHAPED_022
         if not hasattr(entry_points.get("KVCacheSpec"), "storage_block_size"):
             return SHAPED_019
         return SHAPED_021 if mamba_lists else SHAPED_020
