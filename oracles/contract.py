@@ -104,7 +104,8 @@ SHAPED_020_V1 = Contract(name="shaped-0.20-v1", padded_pages=True, kernel_split=
 LAYOUT_PLACED = Contract(name="placed-0.29", layout_placed=True)
 LAYOUT_PLACED_KERNEL_MAP = Contract(name="placed-0.32", layout_placed=True, packed_kernel_map=True)
 
-CONTRACTS = {c.name: c for c in (SHAPED_019, SHAPED_020, SHAPED_021, SHAPED_022, SHAPED_023, SHAPED_024, SHAPED_027, SHAPED_019_V1, SHAPED_020_V1,
+CONTRACTS = {c.name: c for c in (SHAPED_019, SHAPED_020, SHAPED_021, SHAPED_022, SHAPED_023, SHAPED_024, SHAPED_027,
+                                 SHAPED_019_V1, SHAPED_020_V1,
                                  LAYOUT_PLACED, LAYOUT_PLACED_KERNEL_MAP)}
 
 
