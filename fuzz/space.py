@@ -501,7 +501,10 @@ def _attention_spec(source: Source, info: TargetInfo, kind: str, backend: Backen
         heads = fields["num_kv_heads"] = edge_int(source, 1, MAX_PRODUCTION_HEADS if production else MAX_HEADS)
         fields["head_size"] = edge_int(source, 1, largest_head(heads, 2))
         # A synthetic backend-shaped cache declares K and V apart, in one head dim: equal heads only.
-        takes_value_heads = backend.asymmetric_kv if backend is not None else not shaped
+        if backend is None:
+            takes_value_heads = not shaped
+        else:
+            takes_value_heads = backend.sets_value_heads if shaped else backend.asymmetric_kv
         if takes_value_heads and info.can(kind, "head_size_v") and source.chance(30):
             fields["head_size_v"] = edge_int(source, 1, largest_head(heads, 2))
         group = definition.head_multiple if (definition := dtypes.definition(cache)) is not None else 1

@@ -8,7 +8,7 @@ import pytest
 
 from fuzz.errors import TargetError
 from fuzz.space import Rejected, draw_indexed
-from fuzz.targets.base import TargetInfo
+from fuzz.targets.base import BackendInfo, TargetInfo
 from oracles import pages
 
 pytestmark = [pytest.mark.releases, pytest.mark.slow]
@@ -88,6 +88,10 @@ def surface_counts(info: TargetInfo, sample: int = SAMPLE, seed: int = 1) -> Cou
     return drawn
 
 
+def takes_value_heads(info: TargetInfo, backend: BackendInfo) -> bool:
+    return not backend.is_mla and (backend.asymmetric_kv if info.contract.layout_placed else backend.sets_value_heads)
+
+
 @pytest.mark.parametrize("version", ["0.19.1", "0.22.0", "0.23.0", "0.25.0", "0.29.0", "0.32.0", "0.33.0", "0.34.0"])
 def test_every_generation_reaches_the_whole_surface_it_has(version):
     """One release per generation (and 0.25, where the CPU runner's zeroer appears): each runner, packing, consumer,
@@ -101,8 +105,7 @@ def test_every_generation_reaches_the_whole_surface_it_has(version):
               + ["platform=" + p for p in info.platforms] + (["attention_free"] if info.attention_free else [])
               + (["layers_differ"] if info.contract.layout_placed and "uniform_type" in info.packings else [])
               + (["page_buckets"] if info.contract.page_buckets and "uniform_type" in info.packings else [])
-              + (["value_heads_differ"] if info.can("full", "head_size_v") and any(b.asymmetric_kv and not b.is_mla for b in info.backends)
-                 else [])
+              + (["value_heads_differ"] if info.can("full", "head_size_v") and any(takes_value_heads(info, b) for b in info.backends) else [])
               + ["quantized=" + d for d in info.cache_dtypes if d not in PLAIN_CACHE_DTYPES
                  and any(d in b.cache_dtypes for b in info.backends)])
     print(version, " ".join(f"{option}:{drawn[option]}" for option in sorted(wanted)))

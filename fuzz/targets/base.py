@@ -33,6 +33,9 @@ class BackendInfo:
     kv_first: bool = False
     # The backend takes K and V heads of different sizes (its customize_spec refuses them otherwise).
     asymmetric_kv: bool = True
+    # Backend-shaped targets: the backend reads the V head size the model sets (DiffKV's set_head_size_v), so its
+    # declared shape can hold K and V heads of different sizes.
+    sets_value_heads: bool = False
 
 
 @dataclass(frozen=True)
