@@ -108,7 +108,8 @@ class BackendShapedTarget(Adapter):
         info = self.base_backend_info(name, cls, layouts=None if required is None else (required,))
         # Before 0.29 a backend learns the V head size only from the model (set_head_size_v, DiffKV): only such a
         # backend's declared shape can hold K and V heads of different sizes.
-        return BackendInfo(**{**info.__dict__, "kv_first": self._kv_first(cls, info.is_mla), "sets_value_heads": hasattr(cls, "set_head_size_v")})
+        sets_value_heads = hasattr(cls, "set_head_size_v")
+        return BackendInfo(**{**info.__dict__, "kv_first": self._kv_first(cls, info.is_mla), "sets_value_heads": sets_value_heads})
 
     def _kv_first(self, cls: type, is_mla: bool) -> bool:
         try:
