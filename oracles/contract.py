@@ -351,12 +351,18 @@ def page_bucket_pools(group_layers: Sequence[Sequence[tuple[str, int]]]) -> list
     """Several groups of UniformTypeKVCacheSpecs: a layer's slot counts the layers of its own group with its page size
     before it; the layers of every group at one (page size, slot) share one buffer of pages of that size. Buffers come
     by page size in the order the sizes first appear, then by slot."""
+    return _page_slots(group_layers)
+
+
+def _page_slots(group_layers: Sequence[Sequence[tuple[str, int]]]) -> list[tuple[int, list[str]]]:
+    """(page size, the layers at one slot of that size): a layer's slot counts the layers of its own group with its page size
+    before it; page sizes in order of first appearance, then slots."""
     buckets: dict[int, list[list[str]]] = {}
     for layers in group_layers:
-        seen: dict[int, int] = {}
+        taken: dict[int, int] = {}
         for name, page_bytes in layers:
-            slot = seen.get(page_bytes, 0)
-            seen[page_bytes] = slot + 1
+            slot = taken.get(page_bytes, 0)
+            taken[page_bytes] = slot + 1
             slots = buckets.setdefault(page_bytes, [])
             if slot == len(slots):
                 slots.append([])
@@ -441,22 +447,11 @@ def packs(contract: Contract, requested: str, groups: int) -> bool:
 def bucketed_slab(groups: list[list[tuple[str, int]]]) -> tuple[int, dict[str, int]]:
     """(block stride, offset of each layer in the slab): the i-th layer of each page size in a group takes slot i of that page
     size; slots of one page size follow each other, page sizes in order of first appearance; a block's slab holds them all."""
-    buckets: dict[int, list[list[str]]] = {}
-    for layers in groups:
-        taken: dict[int, int] = {}
-        for name, page in layers:
-            slot = taken.get(page, 0)
-            taken[page] = slot + 1
-            slots = buckets.setdefault(page, [])
-            if slot == len(slots):
-                slots.append([])
-            slots[slot].append(name)
     offsets: dict[str, int] = {}
     offset = 0
-    for page, slots in buckets.items():
-        for names in slots:
-            offsets.update(dict.fromkeys(names, offset))
-            offset += page
+    for page, names in _page_slots(groups):
+        offsets.update(dict.fromkeys(names, offset))
+        offset += page
     return offset, offsets
 
 
