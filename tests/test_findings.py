@@ -29,6 +29,16 @@ def test_the_same_error_under_other_spec_kinds_backends_and_layouts_is_one_bug()
     assert variants_of([first, second]) == {"spec_kinds": ["full", "mla"], "backends": ["A", "synthetic:beta"], "layouts": ["BLNHC", "LBNHC"]}
 
 
+def test_the_same_element_size_error_on_other_dtypes_is_one_bug():
+    case = two_groups()
+    half = observed(case, "crash-on-invalid", "_reshape_kv_cache", "RuntimeError: self.size(-1) must be divisible by 2 to view Char as Half "
+                    "(different element sizes), but got 307", "g0.l0")
+    bf16 = observed(case, "crash-on-invalid", "_reshape_kv_cache", "RuntimeError: self.size(-1) must be divisible by 2 to view Char as "
+                    "BFloat16 (different element sizes), but got 33", "g0.l0")
+    assert half.signature == bf16.signature == ("crash-on-invalid | _reshape_kv_cache | RuntimeError: self.size(-#) must be divisible by # "
+                                                "to view <dtype> as <dtype> (different element sizes), but got #")
+
+
 def test_a_refusal_naming_its_backend_is_one_bug_on_every_backend():
     case = two_groups()
     on_a = observed(case, "refused-valid", "map", "ValueError: A needs 64-token kernel blocks; A_MLA is fine", "g0.l0")

@@ -92,11 +92,14 @@ SEVERITY = {kind: "warning" if kind in ("refused-valid", "assert-on-invalid") el
 
 _NUMBERS = re.compile(r"\d+")
 _CONSTANT = re.compile(r"(?<![\w:<])[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+(?![\w:>])")
+# torch's scalar type names as its errors spell them ("to view Char as BFloat16"): the dtype is the variant, not the bug.
+_TORCH_DTYPE = re.compile(r"(?<![\w<])(?:Byte|Char|Short|Int|Long|Half|Float|Double|BFloat16|Bool|UInt\d+|Complex(?:Half|Float|Double)"
+                          r"|Float8_\w+|Float4_\w+)(?![\w>])")
 
 
 def normalize(message: str, backends: Iterable[str] = (), layout: str | None = None) -> str:
     """The message as a template: numbers, object addresses, constant names (backends, environment
-    variables, enum members: `FLASH_ATTN`, `VLLM_KV_CACHE_LAYOUT`), the variant's own backend and
+    variables, enum members: `FLASH_ATTN`, `VLLM_KV_CACHE_LAYOUT`), torch's dtype names, the variant's own backend and
     layout stripped, so one bug has one signature (a refusal that names the backend or layout it
     refuses is one refusal on every backend and layout)."""
     text = re.sub(r"0x[0-9a-fA-F]+", "#", message)
@@ -106,6 +109,7 @@ def normalize(message: str, backends: Iterable[str] = (), layout: str | None = N
     for name in sorted(names, key=len, reverse=True):
         text = re.sub(rf"(?<![\w:]){re.escape(name)}(?![\w:])", names[name], text)
     text = _CONSTANT.sub("<name>", text)
+    text = _TORCH_DTYPE.sub("<dtype>", text)
     return _NUMBERS.sub("#", text).strip()
 
 
