@@ -714,7 +714,7 @@ class Adapter:
             except Inexpressible as error:
                 return Execution(declared, skipped=str(error))
             if specs:
-                outcome = dataclasses.replace(outcome, specs={i: self.spec_facts(spec, layer) for i, (spec, layer) in enumerate(specs)})
+                outcome = self._with_spec_facts(outcome, specs)
             outcomes.append(dataclasses.replace(outcome, runner=runner))
         return Execution(declared, outcome=outcomes[0], v1=outcomes[1] if len(outcomes) > 1 else None)
 
@@ -770,6 +770,18 @@ class Adapter:
     def walk_runners(self) -> tuple[str, ...]:
         """The model runners whose own initialisation builds this adapter's views (fuzz/targets/consumers.py)."""
         return ("v2",)
+
+    def _with_spec_facts(self, outcome: Outcome, specs: list[tuple[Any, str | None]]) -> Outcome:
+        """The outcome with what vLLM's specs say about their pages. Reading them runs vLLM's own properties: one that
+        raises is vLLM failing on the case (the first such failure, where the walk itself did not fail first)."""
+        try:
+            facts = {i: self.spec_facts(spec, layer) for i, (spec, layer) in enumerate(specs)}
+        except Exception as error:  # noqa: BLE001 - judged like any vLLM error; kvfuzz's own errors are raised again
+            failure = vllm_failure(error)
+            if failure is None:
+                raise
+            return outcome if outcome.raised else failure
+        return dataclasses.replace(outcome, specs=facts)
 
     def spec_facts(self, spec: Any, layer: str | None = None) -> dict[str, Any]:
         """What vLLM's spec says about the page: its quant mode and its page before padding; for a spec vLLM built from a
