@@ -289,7 +289,7 @@ def _with_options(source: Source, info: TargetInfo, case: Case) -> Case:
         # From 0.29 vLLM's planner sees a UniformTypeKVCacheSpecs group only for layers that differ in size.
         case = replace(case, groups=tuple(_differing_heads(source, g) for g in case.groups))
     elif packing == "uniform_type" and info.contract.page_buckets and len(case.groups) > 1:
-        # DeepSeek V4's planner (0.20 - 0.23) buffers such groups by page size: let later groups' pages differ.
+        # DeepSeek V4's planner (0.23) buffers such groups by page size: let later groups' pages differ.
         case = replace(case, groups=case.groups[:1] + tuple(_fewer_heads(source, g) for g in case.groups[1:]))
     spec_source = "case"
     if info.layer_kinds and layer_reason(replace(case, spec_source="vllm"), info) is None and source.chance(50):
@@ -378,7 +378,7 @@ ZEROER_NEEDS_MAMBA = ("vLLM zeroes freed blocks only for models with Mamba layer
 
 
 def _page_buckets(info: TargetInfo, case: Case) -> bool:
-    """Whether the planner buffers the case's groups by page size (several UniformTypeKVCacheSpecs groups, 0.20 - 0.23)."""
+    """Whether the planner buffers the case's groups by page size (several UniformTypeKVCacheSpecs groups, 0.23)."""
     return info.contract.page_buckets and case.packing == "uniform_type" and len(case.groups) > 1
 
 
