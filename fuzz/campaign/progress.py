@@ -37,7 +37,7 @@ class Progress:
         left = max(0.0, self.max_time - report.elapsed_s)
         flaky = f" ({len(report.flaky)} flaky or unconfirmed)" if report.flaky else ""
         return (f"kvfuzz: {report.cases} cases, {report.cases_per_s:.0f}/s, findings: {kinds}{flaky}, "
-                f"{report.elapsed_s:.0f} s elapsed, {left:.0f} s left, {report.restarts} restarts")
+                f"{report.elapsed_s:.0f} s elapsed, {left:.0f} s left, {report.restarts} restarts" + checks_line(report))
 
     def _table(self, report: Report) -> Any:
         from rich.table import Table
@@ -51,6 +51,8 @@ class Progress:
         table.add_row("new findings", ", ".join(f"{k} {n}" for k, n in sorted(report.findings_by_kind().items())) or "none")
         if report.flaky:
             table.add_row("flaky / unconfirmed", str(len(report.flaky)))
+        for row in report.check_rows():
+            table.add_row(row["check"], check_cell(row))
         table.add_row("workers / restarts", f"{report.workers} / {report.restarts}")
         return table
 
@@ -69,3 +71,16 @@ class Progress:
             Console(file=self.out).print(self._table(report))
             if report.findings:
                 Console(file=self.out).print(table)
+
+
+def check_cell(row: dict[str, Any]) -> str:
+    """One deeper check's work: keys checked of keys seen, verdicts reused, time share, findings."""
+    return (f"{row['keys_checked']:,}/{row['keys_seen']:,} keys checked, {row['reused']:,} reused, "
+            f"{row['time_share']:.0%} of the time, {row['findings']} finding key(s)")
+
+
+def checks_line(report: Report) -> str:
+    rows = report.check_rows()
+    if not rows:
+        return ""
+    return "\n  checks: " + "; ".join(f"{row['check']} {check_cell(row)}" for row in rows)

@@ -7,14 +7,16 @@ the oracle their layouts must agree with each other (fuzz/verdict/runners.py, `r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 
 import oracles
 from fuzz.case import Case
 from fuzz.targets.base import Execution, Outcome, Target
 from fuzz.verdict import probe, touch
 from fuzz.verdict.compare import PROCESS_FAILURES, Verdict, compare
-from fuzz.verdict.findings import observed
+from fuzz.verdict.findings import Finding, observed
 from fuzz.verdict.planner import check_planner_fit
 from fuzz.verdict.runners import compare_runners
 from fuzz.verdict.specs import check_specs
@@ -29,10 +31,33 @@ class CaseResult:
     outcome: Outcome | None = None
     # A case run by both model runners: the V1 runner's own result (this one's expectation and outcome are the V2 runner's).
     v1: CaseResult | None = None
+    # The verdict of each deeper check (fuzz/checks) judged on this case, by check name: its finding, or None when it
+    # found nothing. A check that did not run, or whose turn never came (an earlier finding), is absent.
+    checks: dict[str, Finding | None] = field(default_factory=dict)
 
 
-def judge(execution: Execution, target_contract: oracles.Contract) -> CaseResult:
-    """The verdict on one execution; the oracle sees only the declared case and the contract."""
+V1_RUNNER = "v1-runner"
+PLANNER_FIT = "planner-fit"
+KERNEL_PROBE = "kernel-probe"
+CONSUMER = "consumer:"
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """The verdicts of deeper checks left out of an execution because a worker judged their key before
+    (fuzz/campaign/schedule.py), by check name, and the consumers of the case as drawn, in the order it named them."""
+
+    verdicts: Mapping[str, Finding | None] = field(default_factory=dict)
+    consumers: tuple[str, ...] = ()
+
+
+NO_REUSE = Reuse()
+
+
+def judge(execution: Execution, target_contract: oracles.Contract, reuse: Reuse = NO_REUSE) -> CaseResult:
+    """The verdict on one execution; the oracle sees only the declared case and the contract. A reused verdict stands
+    where the left-out check's own judgement would, in the same order, so a case gets the verdict it gets with every
+    check run."""
     case = execution.case
     if execution.skipped is not None:
         return CaseResult(case, Verdict("skipped", reason=execution.skipped))
@@ -43,18 +68,21 @@ def judge(execution: Execution, target_contract: oracles.Contract) -> CaseResult
         finding = observed(case, "declaration", function, message, layer)
         return CaseResult(case, Verdict("finding", finding))
     assert execution.outcome is not None
-    primary = _judge_outcome(case, execution.outcome, target_contract)
+    primary = _judge_outcome(case, execution.outcome, target_contract, reuse)
+    found = primary.verdict.status == "finding"
     if execution.v1 is None:
-        return primary
-    v1 = _judge_outcome(case, execution.v1, target_contract)
-    verdict = primary.verdict if primary.verdict.status == "finding" else v1.verdict
+        reused = reuse.verdicts.get(V1_RUNNER)
+        return primary if found or reused is None else dataclasses.replace(primary, verdict=Verdict("finding", reused))
+    v1 = _judge_outcome(case, execution.v1, target_contract, reuse)
+    verdict = primary.verdict if found else v1.verdict
     if verdict.status != "finding":
         mismatch = compare_runners(case, (primary.verdict, primary.expectation, execution.outcome), (v1.verdict, v1.expectation, execution.v1))
         verdict = mismatch or primary.verdict
-    return CaseResult(case, verdict, primary.expectation, primary.outcome, v1)
+    checks = primary.checks if found else {**primary.checks, V1_RUNNER: verdict.finding}
+    return CaseResult(case, verdict, primary.expectation, primary.outcome, v1, checks)
 
 
-def _judge_outcome(case: Case, outcome: Outcome, target_contract: oracles.Contract) -> CaseResult:
+def _judge_outcome(case: Case, outcome: Outcome, target_contract: oracles.Contract, reuse: Reuse) -> CaseResult:
     """One runner's outcome against the oracle under that runner's contract."""
     failure = PROCESS_FAILURES.get(outcome.error_type or "")
     if failure is not None:
@@ -70,14 +98,46 @@ def _judge_outcome(case: Case, outcome: Outcome, target_contract: oracles.Contra
         if difference is not None:
             layer = difference.split(":")[0]
             verdict = Verdict("finding", observed(case, "probe-mismatch", "physical-probe", difference, layer))
-    if verdict.status == "pass" and (misfit := check_planner_fit(case, outcome)) is not None:
-        verdict = Verdict("finding", misfit)
-    if verdict.status == "pass" and outcome.touches:
-        touched = touch.check(case, expectation, outcome)
-        if touched is not None:
-            verdict = Verdict("finding", touched)
-    return CaseResult(case, verdict, expectation, outcome)
+    checks: dict[str, Finding | None] = {}
+    if verdict.status != "pass":
+        return CaseResult(case, verdict, expectation, outcome)
+    for finding in _deeper(case, expectation, outcome, reuse, checks):
+        if finding is not None:
+            return CaseResult(case, Verdict("finding", finding), expectation, outcome, checks=checks)
+    return CaseResult(case, verdict, expectation, outcome, checks=checks)
 
 
-def run_case(target: Target, case: Case, device: str = "cpu", probe: bool | str = False) -> CaseResult:
-    return judge(target.execute(case, case.device or device, probe=probe), target.info.contract)
+def _deeper(case: Case, expectation: Expectation, outcome: Outcome, reuse: Reuse, checks: dict[str, Finding | None]) -> Iterator[Finding | None]:
+    """Each deeper check's verdict on a runner's outcome whose views passed, in the order they are looked for
+    (planner-fit, each consumer, the kernel probe): judged here and recorded in `checks`, or reused where left out."""
+    reused = reuse.verdicts
+
+    def judged(name: str, verdict: Finding | None) -> Finding | None:
+        checks[name] = verdict
+        return verdict
+
+    if outcome.planner_fit is not None:
+        yield judged(PLANNER_FIT, check_planner_fit(case, outcome))
+    elif PLANNER_FIT in reused:
+        yield reused[PLANNER_FIT]
+    touched = outcome.touches or {}
+    ran = touched.get("consumers", {})
+    named = [*reuse.consumers, *(case.touches.consumers if case.touches is not None else ())]
+    for name in dict.fromkeys(named):
+        if name in ran:
+            yield judged(CONSUMER + name, touch.check(case, expectation, dataclasses.replace(outcome, touches={"consumers": {name: ran[name]}})))
+        elif CONSUMER + name in reused:
+            yield reused[CONSUMER + name]
+    if touched.get("kernel"):
+        yield judged(KERNEL_PROBE, touch.check(case, expectation, dataclasses.replace(outcome, touches={"kernel": touched["kernel"]})))
+    elif KERNEL_PROBE in reused:
+        yield reused[KERNEL_PROBE]
+
+
+def run_case(target: Target, case: Case, device: str = "cpu", probe: bool | str = False, skip: frozenset[str] = frozenset(),
+             reuse: Reuse = NO_REUSE) -> CaseResult:
+    """One case through the target and the oracle; `skip` and `reuse` come from a campaign's schedule (fuzz/campaign/schedule.py)."""
+    device = case.device or device
+    # Only adapters take `skip`; targets in other processes (replay, bisect) run every check.
+    execution = target.execute(case, device, probe=probe, skip=skip) if skip else target.execute(case, device, probe=probe)
+    return judge(execution, target.info.contract, reuse)

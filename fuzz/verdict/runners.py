@@ -68,6 +68,9 @@ def _difference(view2: ViewRecord, meaning2: ViewExpectation, outcome2: Outcome,
         return "the runners put the layer on different buffers"
     if view2.dtype != view1.dtype:
         return f"the V2 runner views the layer as {view2.dtype}, the V1 runner as {view1.dtype}"
+    if view2 == view1 and meaning2 == meaning1:
+        # Both sides below are the same function of these records: equal records cannot differ in bytes or order.
+        return None
     elements = max(math.prod(view2.shape), math.prod(view1.shape))
     sample = range(blocks) if elements <= FULL_COMPARISON else sorted({0, min(1, blocks - 1), blocks - 1})
     order_differs: str | None = None

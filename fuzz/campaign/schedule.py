@@ -1,0 +1,144 @@
+"""Which deeper checks run on a drawn case: a worker's schedule, not a fixed ratio.
+
+Every case runs the view path. Each deeper check a case asks for (fuzz/checks) is, by the key of the facts it reads:
+- reused when the worker judged that key before: its verdict stands in for the run (fuzz/verdict/runner.py Reuse);
+- run when the key is new and the check is within its share of the campaign's time;
+- deferred otherwise (left out of this case; the key stays unseen, so a later case with it still runs it).
+
+The deeper checks together get at most `share` of the worker's time. Within it each check's part follows what it has
+been yielding (keys judged and findings per second of its own time), never below `floor` of the deeper budget, so that
+no check starves; the first few keys of each check always run, to measure it. A check's time is what the cases that
+ran it took beyond the view path's running mean (split evenly when several ran on one case).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fuzz.case import Case
+from fuzz.checks import DeeperCheck
+from fuzz.checks.planner_fit import NAME as PLANNER_FIT
+from fuzz.verdict.findings import Finding
+from fuzz.verdict.runner import CaseResult, Reuse
+
+# Where a campaign asks for a fixed ratio instead (--consumers-every, or the kernel probe on every case): the consumers run
+# on every K-th case, and the V1 runner and planner-fit on every case.
+CONSUMERS_EVERY = 8
+SHARE = 0.5  # of a worker's time, for all deeper checks together
+FLOOR = 0.1  # of the deeper budget, for every check
+WARMUP = 3  # keys of each check run before its share is measured
+MEMO_LIMIT = 50_000  # keys remembered per check; the oldest go first (a long campaign's memory stays bounded)
+FINDING_WEIGHT = 20  # a finding counts as this many judged keys in a check's yield
+BASE_SMOOTHING = 0.05  # weight of the newest view-only case in the view path's running mean
+
+
+@dataclass
+class CheckTally:
+    """One check's work in a worker so far."""
+
+    offered: int = 0  # cases that asked for the check
+    keys_seen: int = 0  # distinct keys among them
+    keys_checked: int = 0  # keys the check ran on and judged
+    reused: int = 0  # cases whose verdict came from an earlier key
+    deferred: int = 0  # cases left without it for its share of time
+    seconds: float = 0.0
+    findings: int = 0  # judged keys whose verdict was a finding
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "seconds": round(self.seconds, 3)}
+
+
+@dataclass
+class Plan:
+    """A drawn case as it runs: without the checks left out, the ones it runs (by key) and the verdicts it reuses."""
+
+    case: Case
+    running: dict[str, Hashable] = field(default_factory=dict)
+    skip: frozenset[str] = frozenset()
+    reuse: Reuse = field(default_factory=Reuse)
+
+
+class Schedule:
+    def __init__(self, checks: tuple[DeeperCheck, ...], share: float = SHARE, floor: float = FLOOR,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.checks = checks
+        self.share, self.floor, self.clock = share, floor, clock
+        self.started = clock()
+        self.memo: dict[str, dict[Hashable, Finding | None]] = {c.name: {} for c in checks}
+        self.seen: dict[str, set[Hashable]] = {c.name: set() for c in checks}
+        self.tally: dict[str, CheckTally] = {c.name: CheckTally() for c in checks}
+        self.base_seconds: float | None = None  # running mean of a view-only case
+        self.reported: dict[str, dict[str, Any]] = {}  # the tallies as the last batch report gave them
+
+    def plan(self, case: Case) -> Plan:
+        running: dict[str, Hashable] = {}
+        reused: dict[str, Finding | None] = {}
+        skip: set[str] = set()
+        drawn = case
+        for check in self.checks:
+            if not check.applies(drawn):
+                continue
+            tally, key = self.tally[check.name], check.key(drawn)
+            tally.offered += 1
+            if key not in self.seen[check.name]:
+                self.seen[check.name].add(key)
+                tally.keys_seen += 1
+            if key in self.memo[check.name]:
+                tally.reused += 1
+                reused[check.name] = self.memo[check.name][key]
+            elif self._may_run(check.name):
+                running[check.name] = key
+                continue
+            else:
+                tally.deferred += 1
+            case = check.without(case)
+            skip.add(check.name)
+        consumers = drawn.touches.consumers if drawn.touches is not None else ()
+        return Plan(case, running, frozenset(skip & {PLANNER_FIT}), Reuse(reused, consumers))
+
+    def record(self, plan: Plan, result: CaseResult | None, seconds: float) -> None:
+        """What the planned case took and found; a key whose check was judged is remembered with its verdict."""
+        if not plan.running:
+            self.base_seconds = seconds if self.base_seconds is None else (
+                (1 - BASE_SMOOTHING) * self.base_seconds + BASE_SMOOTHING * seconds)
+            return
+        extra = max(0.0, seconds - (self.base_seconds or 0.0)) / len(plan.running)
+        judged = result.checks if result is not None else {}
+        for name, key in plan.running.items():
+            tally = self.tally[name]
+            tally.seconds += extra
+            if name not in judged:
+                self.seen[name].discard(key)  # its turn never came (an earlier finding, a skip): not judged yet
+                tally.keys_seen -= 1
+                continue
+            tally.keys_checked += 1
+            tally.findings += judged[name] is not None
+            memo = self.memo[name]
+            if len(memo) >= MEMO_LIMIT:
+                memo.pop(next(iter(memo)))
+            memo[key] = judged[name]
+
+    def _may_run(self, name: str) -> bool:
+        tally = self.tally[name]
+        if tally.keys_checked < WARMUP:
+            return True
+        elapsed = max(self.clock() - self.started, 1e-6)
+        return tally.seconds <= self.share * elapsed * self._part(name)
+
+    def _part(self, name: str) -> float:
+        """The check's part of the deeper budget: its yield against the others', at least the floor."""
+        yields = {n: (t.keys_checked + FINDING_WEIGHT * t.findings) / max(t.seconds, 1e-3) for n, t in self.tally.items() if t.offered}
+        total = sum(yields.values()) or 1.0
+        return max(self.floor, yields.get(name, 0.0) / total)
+
+    def take_tallies(self) -> dict[str, dict[str, Any]]:
+        """The tallies since the last call, for the batch report (the coordinator adds them up)."""
+        now = {name: tally.to_dict() for name, tally in self.tally.items() if tally.offered}
+        delta = {name: {key: round(value - self.reported.get(name, {}).get(key, 0), 3) for key, value in figures.items()}
+                 for name, figures in now.items()}
+        self.reported = now
+        return delta

@@ -1,0 +1,30 @@
+"""The consumers (fuzz/targets/consumers.py: block zeroers, block copy, connector regions), each on its own: what it
+is given is the V2 walk's views of the case and the blocks it zeroes, copies or maps."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable
+
+from fuzz.case import Case, Touches
+
+
+def asks_for(case: Case, consumer: str) -> bool:
+    return case.touches is not None and consumer in case.touches.consumers
+
+
+def key(case: Case, consumer: str) -> Hashable:
+    touches = case.touches
+    assert touches is not None
+    mine = Touches(consumers=(consumer,), blocks=touches.blocks, copies=touches.copies, tokens=())
+    return dataclasses.replace(case, touches=mine, device=None, runner="v2")
+
+
+def without(case: Case, consumer: str) -> Case:
+    touches = case.touches
+    assert touches is not None
+    left = tuple(name for name in touches.consumers if name != consumer)
+    kept = dataclasses.replace(touches, consumers=left)
+    if not left:
+        kept = dataclasses.replace(kept, blocks=(), copies=())
+    return dataclasses.replace(case, touches=kept if kept.size else None)

@@ -1,0 +1,34 @@
+"""The kernel probe (fuzz/targets/kernel_probe.py): tokens written through each backend's own cache write, on the
+V2 walk's views of the case."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from fuzz.case import Case
+
+NAME = "kernel-probe"
+
+
+@dataclass(frozen=True)
+class KernelProbe:
+    name: str = NAME
+
+    def applies(self, case: Case) -> bool:
+        return case.touches is not None and bool(case.touches.tokens)
+
+    def key(self, case: Case) -> Hashable:
+        assert case.touches is not None
+        mine = dataclasses.replace(case.touches, consumers=(), blocks=(), copies=())
+        return dataclasses.replace(case, touches=mine, device=None, runner="v2")
+
+    def without(self, case: Case) -> Case:
+        touches = case.touches
+        assert touches is not None
+        kept = dataclasses.replace(touches, tokens=())
+        return dataclasses.replace(case, touches=kept if kept.size else None)
+
+
+CHECK = KernelProbe()

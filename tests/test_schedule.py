@@ -1,0 +1,142 @@
+"""The schedule of deeper checks (fuzz/campaign/schedule.py) and their keys (fuzz/checks).
+
+A reused verdict must be the verdict the check gives when it runs: drawn cases judged with every check run, then again
+through a schedule that runs each new key and reuses every key it met, get the same verdicts. A key must hold every
+fact its check reads (changing one changes the key) and nothing it does not read (so keys repeat).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from fuzz.campaign.schedule import Schedule
+from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend, Touches
+from fuzz.checks import ConsumerCheck
+from fuzz.checks import kernel_probe as kernel_check
+from fuzz.checks import planner_fit as planner_check
+from fuzz.checks import v1_runner as v1_check
+from fuzz.space import Rejected, draw_indexed
+from fuzz.verdict.runner import CaseResult, run_case
+
+
+def a_case(**changes: object) -> Case:
+    spec = SpecCase(kind="full", block_size=16, num_kv_heads=2, head_size=64)
+    group = GroupCase(spec=spec, layers=("l0", "l1"), synthetic_backend=SyntheticBackend("any"), kernel_block_size=16)
+    touches = Touches(consumers=("zeroer", "copy"), blocks=(1,), copies=((0, 2),), tokens=((1, 3),))
+    return dataclasses.replace(Case(groups=(group,), num_blocks=4, runner="both", touches=touches), **changes)
+
+
+def with_touches(**changes: object) -> Case:
+    case = a_case()
+    assert case.touches is not None
+    return dataclasses.replace(case, touches=dataclasses.replace(case.touches, **changes))
+
+
+OTHER_SPEC = dataclasses.replace(a_case().groups[0], spec=SpecCase(kind="full", block_size=16, num_kv_heads=4, head_size=64))
+# What each check's code under test and its judgement read, and what they do not: written here from what each check
+# runs (fuzz/targets/consumers.py, kernel_probe.py, runner_v1.py, planner_fit.py), not from the key functions.
+READS = {
+    "consumer": {"groups": a_case(groups=(OTHER_SPEC,)), "num_blocks": a_case(num_blocks=5), "layout": a_case(layout="LBHNC"),
+                 "packing": a_case(packing="uniform_type"), "platform": a_case(platform="rocm"), "blocks": with_touches(blocks=(2,)),
+                 "copies": with_touches(copies=((1, 3),)), "spec_source": a_case(spec_source="vllm")},
+    "kernel": {"groups": a_case(groups=(OTHER_SPEC,)), "num_blocks": a_case(num_blocks=5), "layout": a_case(layout="LBHNC"),
+               "tokens": with_touches(tokens=((2, 0),)), "spec_source": a_case(spec_source="vllm")},
+    "v1": {"groups": a_case(groups=(OTHER_SPEC,)), "num_blocks": a_case(num_blocks=5), "layout": a_case(layout="LBHNC"),
+           "kv_sharing": a_case(groups=(dataclasses.replace(a_case().groups[0], layers=("l0", "l1", "l2")),), kv_sharing=(("l2", "l0"),)),
+           "packing": a_case(packing="cross_layers"), "spec_source": a_case(spec_source="vllm")},
+    "planner": {"groups": a_case(groups=(OTHER_SPEC,)), "num_blocks": a_case(num_blocks=5), "packing": a_case(packing="cross_layers"),
+                "platform": a_case(platform="rocm")},
+}
+IGNORES = {
+    "consumer": {"runner": a_case(runner="v2"), "tokens": with_touches(tokens=()), "other consumers": with_touches(consumers=("zeroer",)),
+                 "device": a_case(device="cpu")},
+    "kernel": {"runner": a_case(runner="v2"), "consumers": with_touches(consumers=(), blocks=(), copies=())},
+    "v1": {"touches": a_case(touches=None), "device": a_case(device="cpu")},
+    "planner": {"runner": a_case(runner="v2"), "touches": a_case(touches=None)},
+}
+KEYS = {"consumer": ConsumerCheck("copy").key, "kernel": kernel_check.CHECK.key, "v1": v1_check.CHECK.key, "planner": planner_check.CHECK.key}
+
+
+@pytest.mark.parametrize(("check", "fact"), [(c, f) for c, facts in READS.items() for f in facts])
+def test_a_key_holds_every_fact_its_check_reads(check: str, fact: str) -> None:
+    assert KEYS[check](READS[check][fact]) != KEYS[check](a_case())
+
+
+@pytest.mark.parametrize(("check", "fact"), [(c, f) for c, facts in IGNORES.items() for f in facts])
+def test_a_key_leaves_out_what_its_check_does_not_read(check: str, fact: str) -> None:
+    assert KEYS[check](IGNORES[check][fact]) == KEYS[check](a_case())
+
+
+def test_leaving_a_check_out_keeps_the_rest_of_the_case() -> None:
+    case = a_case()
+    assert ConsumerCheck("zeroer").without(case).touches == Touches(consumers=("copy",), blocks=(1,), copies=((0, 2),), tokens=((1, 3),))
+    assert kernel_check.CHECK.without(case).touches == Touches(consumers=("zeroer", "copy"), blocks=(1,), copies=((0, 2),))
+    assert v1_check.CHECK.without(case) == dataclasses.replace(case, runner="v2")
+    alone = with_touches(consumers=("copy",), tokens=())
+    assert ConsumerCheck("copy").without(alone).touches is None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_schedule_defers_a_check_past_its_share_and_reuses_a_judged_key() -> None:
+    clock = Clock()
+    schedule = Schedule((ConsumerCheck("copy"),), share=0.5, floor=1.0, clock=clock)
+    copy_only = with_touches(consumers=("copy",), tokens=())
+    judged = CaseResult(copy_only, verdict=None, checks={"consumer:copy": None})  # type: ignore[arg-type]
+    for blocks in range(3):  # the warm-up keys run whatever they cost
+        plan = schedule.plan(dataclasses.replace(copy_only, num_blocks=4 + blocks))
+        assert plan.running
+        schedule.record(plan, judged, seconds=10.0)
+    clock.now = 40.0  # 30 s of the check in 40 s: past half the time
+    later = schedule.plan(dataclasses.replace(copy_only, num_blocks=9))
+    assert not later.running and later.case.touches is None
+    again = schedule.plan(dataclasses.replace(copy_only, num_blocks=4))
+    assert again.reuse.verdicts == {"consumer:copy": None} and again.case.touches is None
+    tally = schedule.tally["consumer:copy"]
+    assert (tally.offered, tally.keys_seen, tally.keys_checked, tally.reused, tally.deferred) == (5, 4, 3, 1, 1)
+
+
+def drawn(target, count: int) -> list[Case]:
+    cases = []
+    for index in range(count * 2):
+        try:
+            cases.append(draw_indexed(target.info, 11, index, touches=True))
+        except Rejected:
+            continue
+        if len(cases) == count:
+            break
+    return cases
+
+
+def outcome_of(result: CaseResult) -> tuple[str, str | None]:
+    return result.verdict.status, None if result.verdict.finding is None else result.verdict.finding.signature
+
+
+@pytest.mark.slow
+def test_reused_verdicts_are_the_verdicts_every_check_gives(kvfuzz_target) -> None:
+    target = kvfuzz_target
+    if not hasattr(target, "deeper_checks"):
+        pytest.skip("the schedule runs in the worker process of an in-process target")
+    cases = drawn(target, 400)
+    every = [outcome_of(run_case(target, case, "cpu")) for case in cases]
+    schedule = Schedule(target.deeper_checks(), share=1.0, floor=1.0)
+    again = list(range(len(cases)))  # a second pass meets every key again, in another order
+    random.Random(0).shuffle(again)
+    order = list(range(len(cases))) + again
+    reused = 0
+    for index in order:
+        plan = schedule.plan(cases[index])
+        reused += bool(plan.reuse.verdicts)
+        result = run_case(target, plan.case, "cpu", skip=plan.skip, reuse=plan.reuse)
+        schedule.record(plan, result, 0.0)
+        assert outcome_of(result) == every[index], cases[index]
+    assert reused > len(cases) // 4
