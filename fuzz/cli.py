@@ -3,8 +3,10 @@ setup error, a malformed or inconsistent case, or an internal kvfuzz error durin
 SIGINT / SIGTERM (a campaign writes its report first).
 
 Every command is a function (args, out) -> int; errors derived from KvfuzzError become one line
-on stderr and exit status 2. SIGINT and SIGTERM are a stop request every wait on the target's
-processes honours (fuzz.campaign.stop); a second one exits at once.
+on stderr and exit status 2; kvfuzz's own code raising (here or in a worker) prints its traceback,
+then a line naming its innermost kvfuzz and vLLM frames, and exits 2 as well. SIGINT and SIGTERM
+are a stop request every wait on the target's processes honours (fuzz.campaign.stop); a second one
+exits at once.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from fuzz.errors import KvfuzzError
+from fuzz.errors import InternalError, KvfuzzError
+from fuzz.tracebacks import describe
 
 PROBES = ("metadata", "physical", "kernel")
 CONSUMERS_EVERY = 8  # consumers cost ten to fifty metadata cases each; every 8th case keeps a campaign within about 2x
@@ -213,12 +216,23 @@ def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout, stderr: Tex
             signum = stop.requested()
             return status if signum is None else stop.exit_status(signum)  # a run has its report: it returns that already
         except KvfuzzError as error:
-            print(f"kvfuzz: error: {error}", file=stderr)
+            print(_error_text(error), file=stderr)
+            return 2
+        except Exception as error:  # noqa: BLE001 - kvfuzz's own code raised in this process: a bug to report, shown whole
+            described = describe(error)
+            print(_error_text(InternalError(described.summary, described.traceback)), file=stderr)
             return 2
         except (stop.Stopped, KeyboardInterrupt):
             signum = stop.requested() or signal.SIGINT
             print(f"kvfuzz: stopped by {signal.Signals(signum).name}", file=stderr)
             return stop.exit_status(signum)
+
+
+def _error_text(error: KvfuzzError) -> str:
+    """One line; kvfuzz's own error comes after its traceback."""
+    if isinstance(error, InternalError) and error.traceback:
+        return f"{error.traceback.rstrip()}\nkvfuzz: error: kvfuzz internal error (please report): {error}"
+    return f"kvfuzz: error: {error}"
 
 
 def entry_point() -> None:

@@ -154,7 +154,8 @@ def _print_summary(report: Any, data: dict[str, Any], out: TextIO) -> None:
         print(f"  {flaky['status'].upper()} {flaky['kind']}: {flaky['signature']}\n      {flaky['rerun']}{kept}", file=out)
     for message, count in data["internal_errors"].items():
         kept = data.get("internal_error_cases", {}).get(message)
-        print(f"  kvfuzz internal error ({count}x, please report): {message}" + (f"\n      case: {kept}" if kept else ""), file=out)
+        what = "case and traceback" if any(d["error"] == message and d["traceback"] for d in data.get("internal_error_details", ())) else "case"
+        print(f"  kvfuzz internal error ({count}x, please report): {message}" + (f"\n      {what}: {kept}" if kept else ""), file=out)
     if data["stopped_workers"]:
         print(f"  {data['stopped_workers']} worker(s) busy at the end were stopped (their case in flight is not counted)", file=out)
 

@@ -35,3 +35,12 @@ class BrokenDeclaration(KvfuzzError):
         super().__init__(message)
         self.function = function
         self.layer = layer
+
+
+class InternalError(TargetError):
+    """kvfuzz's own code raised on a case in a worker: a bug to report. The message is the one-line summary naming the
+    innermost kvfuzz and vLLM frames (fuzz/tracebacks.py); `traceback` is the worker's traceback."""
+
+    def __init__(self, summary: str, traceback: str = "") -> None:
+        super().__init__(summary)
+        self.traceback = traceback

@@ -36,7 +36,7 @@ from fuzz.campaign.pool import ANSWER_MARGIN, Loss, Pool
 from fuzz.case import Case, from_dict, to_dict
 from fuzz.corpus import store as corpus
 from fuzz.corpus.minimize import shrink_finding
-from fuzz.errors import TargetError
+from fuzz.errors import InternalError, TargetError
 from fuzz.space import Rejected, draw_indexed
 from fuzz.targets.base import TargetInfo
 from fuzz.verdict.findings import PROCESS_KINDS, Finding, normalize, observed, variants_of
@@ -87,6 +87,7 @@ class Report:
     skips: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)  # kvfuzz's own failures: bugs to report, not findings
     error_cases: dict[str, str] = field(default_factory=dict)  # kvfuzz error -> file holding the first case it hit
+    error_tracebacks: dict[str, str] = field(default_factory=dict)  # kvfuzz error -> the traceback of its first case
     findings: list[FoundRecord] = field(default_factory=list)
     duplicates: int = 0  # findings whose signature was already known
     restarts: int = 0
@@ -118,6 +119,9 @@ class Report:
             "skipped": dict(self.skips.most_common()),
             "internal_errors": dict(self.errors.most_common()),
             "internal_error_cases": dict(self.error_cases),
+            # Each internal error whole: its count, the file keeping its first case, and that case's traceback.
+            "internal_error_details": [{"error": message, "count": count, "case_file": self.error_cases.get(message),
+                                        "traceback": self.error_tracebacks.get(message)} for message, count in self.errors.most_common()],
             "restarts": self.restarts,
             "stopped_workers": self.stopped_workers,
             "duplicates": self.duplicates,
@@ -333,12 +337,14 @@ class Campaign:
         """A kvfuzz error is a bug to report: keep the first case that hit it beside the corpus (internal-errors/)."""
         if item["error"] in self.report.error_cases:
             return
+        if item.get("traceback"):
+            self.report.error_tracebacks.setdefault(item["error"], item["traceback"])
         folder = self.options.corpus_dir.parent / "internal-errors"
         folder.mkdir(parents=True, exist_ok=True)
         case = from_dict(item["case"])
         path = folder / f"{hashlib.sha256(item['error'].encode()).hexdigest()[:12]}-{case.content_hash()}.json"
         corpus.write_atomic(path, {"error": item["error"], "seed": self.options.seed, "index": item["index"],
-                                   "target": self.report.target, "case": item["case"]})
+                                   "target": self.report.target, "traceback": item.get("traceback"), "case": item["case"]})
         self.report.error_cases[item["error"]] = str(path)
 
     def _check_calls(self, verdicts: dict[str, int], mismatches: dict[str, int]) -> None:
@@ -528,7 +534,10 @@ class Campaign:
             try:
                 return run_case(target, candidate, self.options.device).verdict.finding
             except Exception as error:  # noqa: BLE001 - a candidate kvfuzz cannot run or judge: reported, not kept
-                self.report.errors[f"shrinking: {type(error).__name__}: {error}".splitlines()[0][:200]] += 1
+                message = f"shrinking: {type(error).__name__}: {error}".splitlines()[0][:400]
+                self.report.errors[message] += 1
+                if isinstance(error, InternalError):
+                    self.report.error_tracebacks.setdefault(message, error.traceback)
                 return None
 
         try:

@@ -31,7 +31,7 @@ from typing import Any
 from fuzz import SOURCE_ROOT
 from fuzz.campaign import protocol, stop
 from fuzz.case import Case, to_dict
-from fuzz.errors import TargetError
+from fuzz.errors import InternalError, TargetError
 from fuzz.targets.base import TARGET_CRASHED, TARGET_HUNG, TARGET_OUT_OF_MEMORY, Execution, Outcome, TargetInfo
 from fuzz.targets.releases import TargetSource, worker_environment
 
@@ -345,7 +345,8 @@ class Pool:
     def execute(self, case: Case, device: str, probe: bool | str = False, worker: int = 0) -> Execution:
         """Run one case on a worker; a worker the case kills, or that does not answer within the case
         timeout, becomes an outcome, not an exception. A stop request interrupts the worker and raises
-        Stopped; a case kvfuzz itself could not run raises TargetError."""
+        Stopped; a case kvfuzz itself could not run raises TargetError (InternalError, with the worker's traceback, when
+        kvfuzz's own code raised)."""
         handle = self.workers[worker]
         self.send(handle, protocol.EXECUTE, {"id": 0, "case": to_dict(case), "device": device, "probe": probe})
         deadline = time.monotonic() + self.case_timeout + ANSWER_MARGIN
@@ -357,6 +358,8 @@ class Pool:
             result: Execution | None = None
             for owner, name, payload in messages:
                 if owner == worker and name == protocol.EXECUTED:
+                    if "traceback" in payload:  # kvfuzz's own code raised
+                        raise InternalError(payload["error"], payload["traceback"])
                     if "error" in payload:
                         raise TargetError(payload["error"])
                     result = Execution.from_dict(payload["execution"])

@@ -30,9 +30,10 @@ from typing import Any
 from fuzz.campaign import protocol
 from fuzz.case import from_dict, to_dict
 from fuzz.corpus.minimize import shrink_finding
-from fuzz.errors import TargetError
+from fuzz.errors import KvfuzzError, TargetError
 from fuzz.space import Rejected, draw_indexed, for_run
 from fuzz.targets.base import Target
+from fuzz.tracebacks import describe, one_line
 from fuzz.verdict.findings import Finding, normalize
 from fuzz.verdict.runner import run_case
 
@@ -181,7 +182,7 @@ class Worker:
             execution = self.target.execute(from_dict(payload["case"]), payload["device"], probe=payload.get("probe") or False)
         except Exception as error:  # noqa: BLE001 - kvfuzz's own failure (or a call that does not fit vLLM): the caller's error
             self.slot.finish()
-            protocol.send(self.conn, protocol.EXECUTED, {"id": payload["id"], "error": _one_line(error)})
+            protocol.send(self.conn, protocol.EXECUTED, {"id": payload["id"], **_error_payload(error)})
             return
         self.slot.finish()
         protocol.send(self.conn, protocol.EXECUTED, {"id": payload["id"], "execution": execution.to_dict()})
@@ -217,6 +218,7 @@ class Worker:
             # Production-size metadata runs describe their buffers on the meta device; everything
             # else allocates, up to the cap (the adapter skips larger cases).
             device = "meta" if scale == "production" and not probe else task["device"]
+            trace: str | None = None  # the traceback of kvfuzz's own error
             try:
                 result = run_case(self.target, case, device, probe=probe)
             except TargetError as error:  # kvfuzz's call does not fit this vLLM: the coordinator decides
@@ -224,15 +226,15 @@ class Worker:
                 tallies["mismatches"][str(error)] += 1
                 continue
             except Exception as error:  # noqa: BLE001 - a kvfuzz bug must not pass for a target crash
-                result = None
-                message = _one_line(error)[:200]
+                result, described = None, describe(error)
+                message, trace = described.summary, described.traceback
             else:
                 # A drawn case that vLLM derives differently from the generator is the generator's bug.
                 message = f"case error: {result.verdict.reason}"[:200] if result.verdict.status == "case-error" else None
             if result is None or message is not None:
                 tallies["verdicts"]["internal-error"] += 1
                 tallies["errors"][message] += 1
-                internal.setdefault(message, {"error": message, "index": index, "case": to_dict(case)})
+                internal.setdefault(message, {"error": message, "index": index, "case": to_dict(case), "traceback": trace})
                 continue
             verdict = result.verdict
             tallies["verdicts"][verdict.status] += 1
@@ -277,8 +279,13 @@ class Worker:
                       {"batch": batch, "index": index, "case": to_dict(small), "finding": smallest.to_dict(), "steps": steps})
 
 
-def _one_line(error: BaseException) -> str:
-    return (f"{type(error).__name__}: {error}".splitlines() or ["?"])[0][:400]
+def _error_payload(error: Exception) -> dict[str, str]:
+    """kvfuzz's own error as the caller gets it: one line naming the innermost kvfuzz and vLLM frames, and the traceback.
+    A KvfuzzError (a call that does not fit this vLLM) says all in its message."""
+    if isinstance(error, KvfuzzError):
+        return {"error": one_line(error)}
+    described = describe(error)
+    return {"error": described.summary, "traceback": described.traceback}
 
 
 if __name__ == "__main__":

@@ -13,8 +13,6 @@ import contextlib
 import dataclasses
 import functools
 import importlib
-import os
-import sys
 import traceback
 import typing
 from collections.abc import Callable, Iterator
@@ -34,6 +32,7 @@ from fuzz.targets.probe import physical_probe, storage_key
 from fuzz.targets.runner_v1 import V1Runner
 from fuzz.targets.spec_builder import LayerSpecs, stored_mla_dtype
 from fuzz.targets.walk import Walk
+from fuzz.tracebacks import innermost_is_kvfuzz, out_of_memory, vllm_path
 from oracles import pages
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -181,36 +180,15 @@ def capture(call: Callable[[], Outcome]) -> Outcome:
 
 def vllm_failure(error: BaseException) -> Outcome | None:
     """The Outcome of an exception raised in (or through) vLLM's code, naming the innermost vLLM frame;
-    None when vLLM took no part in it."""
+    None when vLLM took no part in it, or when memory ran out in kvfuzz's own code (fuzz/tracebacks.py)."""
     frames = traceback.extract_tb(error.__traceback__)
-    located = [(f, path) for f in frames if (path := _vllm_path(f.filename)) is not None]
-    if not located:
+    located = [(f, path) for f in frames if (path := vllm_path(f.filename)) is not None]
+    if not located or (out_of_memory(error) and innermost_is_kvfuzz(error)):  # kvfuzz's own code ran out, even if vLLM called it
         return None
     frame, path = located[-1]
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return Outcome(error_type=type(error).__name__, error_message=message[:500], error_function=frame.name,
                    error_layer=_layer_in_flight(error), error_file=path, error_line=frame.lineno)
-
-
-def _vllm_path(filename: str) -> str | None:
-    """`filename` relative to the loaded vllm package (posix), None outside it.
-
-    The package's folders are where it was imported from, the folder its `__file__` names and its
-    `__path__` (a checkout that wraps a release names the release's folder in the last two); code
-    objects carry the path they were imported by."""
-    package = sys.modules.get("vllm")
-    spec = getattr(package, "__spec__", None)
-    candidates = [getattr(spec, "origin", None), getattr(package, "__file__", None)]
-    folders = {os.path.dirname(path) for path in candidates if path}
-    folders.update(getattr(package, "__path__", ()) or ())
-    for folder in folders:
-        prefix = folder.rstrip(os.sep) + os.sep
-        if filename.startswith(prefix):
-            return filename[len(prefix):].replace(os.sep, "/")
-    if folders:
-        return None
-    parts = filename.replace("\\", "/").rsplit("/vllm/", 1)
-    return parts[1] if len(parts) == 2 else None
 
 
 def _layer_in_flight(error: BaseException) -> str | None:
