@@ -168,8 +168,25 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--scaling-cases", type=_positive(int), default=4000, help="cases per worker-scaling campaign")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
+    surface = sub.add_parser("surface", help="the release's KV-cache functions, found from its source, and which of them kvfuzz drives")
+    surface.add_argument("--vllm", default="installed", help="vLLM to map: 'installed' (default), a release (0.22.0) or a checkout folder")
+    surface.add_argument("--max-time", type=_nonnegative_float, default=60.0,
+                         help="seconds of cases traced to measure what is driven (default 60); 0: the static map only")
+    surface.add_argument("--probe", choices=("metadata", "kernel"), default="metadata", help="the cases' probe (default metadata)")
+    surface.add_argument("--seed", type=int, default=0)
+    surface.add_argument("--json", action="store_true", help="print the map as JSON")
     _ci_parser(sub, target_options)
     return parser
+
+
+def _nonnegative_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be 0 or more")
+    return number
 
 
 def _ci_parser(sub: Any, target_options: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -205,9 +222,11 @@ def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout, stderr: Tex
     from fuzz import commands
     from fuzz.campaign import stop
     from fuzz.mutate.command import mutate as mutate_command
+    from fuzz.surface.command import surface as surface_command
 
     handlers = {"run": commands.run, "replay": commands.replay, "explain": commands.explain, "minimize": commands.shrink,
-                "bisect": commands.bisect, "bench": commands.bench, "selftest": commands.selftest, "ci": commands.ci, "mutate": mutate_command}
+                "bisect": commands.bisect, "bench": commands.bench, "selftest": commands.selftest, "ci": commands.ci, "mutate": mutate_command,
+                "surface": surface_command}
     # The atheris engine handles Ctrl-C itself (its fuzzing child is no pool of ours).
     atheris = args.command == "run" and args.engine == "atheris"
     with contextlib.nullcontext() if atheris else stop.handling():
