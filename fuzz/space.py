@@ -27,7 +27,20 @@ from collections.abc import Sequence
 from typing import NoReturn, Protocol, TypeVar
 
 import oracles
-from fuzz.case import DTYPE_SIZES, MLA_KINDS, PACKINGS, RUNNERS, WINDOWED_KINDS, Case, GroupCase, SpecCase, SyntheticBackend, Touches, replace
+from fuzz.case import (
+    DTYPE_SIZES,
+    MLA_KINDS,
+    PACKINGS,
+    RUNNERS,
+    WINDOWED_KINDS,
+    Case,
+    GroupCase,
+    SpecCase,
+    SyntheticBackend,
+    Touches,
+    layout_as,
+    replace,
+)
 from fuzz.targets.base import BackendInfo, TargetInfo
 from oracles import dtypes, pages
 
@@ -227,8 +240,7 @@ def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_grou
                                  production)
         if shaped:
             cache_dtype = group.spec.cache_dtype
-        backend = info.backend(group.backend) if group.backend else None
-        allowed = group.synthetic_backend.layouts if group.synthetic_backend else (backend.layouts if backend else None)
+        allowed = accepted_layouts(group, info)
         if allowed is not None:
             layouts &= set(allowed)
         groups.append(group)
@@ -370,6 +382,28 @@ def layer_reason(case: Case, info: TargetInfo) -> str | None:
         if spec.registered_cache_dtype or spec.page_size_padded is not None or spec.alignment is not None or spec.compress_ratio != 1 \
                 or spec.model_version is not None or spec.rope_dim is not None or spec.topk_buffer_width is not None or spec.is_draft:
             return "field spec_source: the layer kvfuzz builds states no padding, alignment, compression or model-specific fields"
+    return None
+
+
+def accepted_layouts(group: GroupCase, info: TargetInfo) -> tuple[str, ...] | None:
+    """The layouts the group's backend (real or synthetic) declares its kernels consume; None: any."""
+    if group.synthetic_backend is not None:
+        return group.synthetic_backend.layouts
+    backend = info.backend(group.backend) if group.backend else None
+    return backend.layouts if backend is not None else None
+
+
+def layout_reason(case: Case, info: TargetInfo) -> str | None:
+    """Why vLLM never runs this case's backends on its layout (None: every backend takes it). Each backend declares the
+    layouts it takes, and vLLM builds a model only in one every backend declares: from 0.29 its layout resolution keeps
+    "Layouts every one of the worker's backends supports" (v1/attention/backends/utils.py get_supported_kv_cache_layouts)
+    and "An explicit VLLM_KV_CACHE_LAYOUT must be one of the candidates or resolution fails" (resolve_kv_cache_layout),
+    before any view exists; before 0.29 the attention selector sets the layout a backend requires
+    (get_required_kv_cache_layout, "Adjust kv cache layout if the selected backend requires a specific one")."""
+    for group in case.groups:
+        accepted = accepted_layouts(group, info)
+        if accepted is not None and layout_as(case.layout, accepted) is None:
+            return f"field layout: {group.backend_name} takes {', '.join(accepted)} only; vLLM never builds it a {case.layout} cache"
     return None
 
 
@@ -654,6 +688,8 @@ def unrealistic(case: Case, info: TargetInfo) -> str | None:
     if shaped and any(g.layer_heads for g in case.groups):
         return "kvfuzz draws layers that differ in heads from 0.29 only"
     if case.spec_source == "vllm" and (why := layer_reason(case, info)) is not None:
+        return why
+    if (why := layout_reason(case, info)) is not None:
         return why
     for group in attention:
         spec = group.spec

@@ -170,7 +170,9 @@ class Campaign:
         self.info: TargetInfo = pool.info
         self.options = options
         self.progress = progress
-        self.known = corpus.known_signatures(options.corpus_dir) | options.known
+        # Known per release; a checkout's version names no release, so every kept finding is known there.
+        release = None if getattr(pool.source, "kind", None) == "checkout" else self.info.vllm_version
+        self.known = corpus.known_signatures(options.corpus_dir, release) | options.known
         # Files of earlier runs are never removed (an unconfirmed case found flaky now, or shrunk again, stays as it was).
         self.inherited = set(options.corpus_dir.rglob("*.json")) if options.corpus_dir.exists() else set()
         target = {"spec": pool.source.spec, "label": pool.source.label, "vllm_version": self.info.vllm_version,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -12,6 +13,9 @@ from typing import Any
 
 from fuzz.case import Case, CaseError, from_dict, to_dict
 from fuzz.verdict.findings import Finding, observed
+
+# A release's version as corpus files name it (0.32.0, 0.21.1.post1); development builds and checkouts have no release.
+FINAL_RELEASE = re.compile(r"^\d+(\.\d+)+(\.post\d+)?$")
 
 
 @dataclass(frozen=True)
@@ -73,12 +77,16 @@ def entries(root: Path) -> Iterator[Entry]:
         yield Entry(path, case, meta)
 
 
-def known_signatures(root: Path) -> set[str]:
-    """The signatures of the findings under `root`; a process failure a campaign could not confirm
-    (`"confirmed": false`) is not one, so the next campaign checks it again."""
+def known_signatures(root: Path, release: str | None = None) -> set[str]:
+    """The signatures of the findings under `root` that affect `release` (its `affected_versions`), so a corpus never
+    hides a finding on a release where it was never a bug; with `release` None or no release's version (a checkout, a
+    development build), every finding's. A process failure a campaign could not confirm (`"confirmed": false`) is not
+    one, so the next campaign checks it again."""
     if not root.exists():
         return set()
-    return {signature for e in entries(root) if (signature := e.expected_signature) and e.meta.get("confirmed") is not False}
+    per_release = release is not None and FINAL_RELEASE.match(release) is not None
+    return {signature for e in entries(root) if (signature := e.expected_signature) and e.meta.get("confirmed") is not False
+            and (not per_release or release in e.affected_versions)}
 
 
 def expected_signatures(found: Iterable[Entry], version: str) -> frozenset[str]:

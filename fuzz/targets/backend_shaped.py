@@ -27,6 +27,7 @@ from fuzz.errors import Inexpressible, TargetError
 from fuzz.targets.base import BackendInfo
 from fuzz.targets.common import Adapter, unique_buffers
 from fuzz.targets.entry_points import Probe
+from fuzz.targets.synthetic import published_state
 from oracles import pages
 from oracles.contract import SHAPED_019, SHAPED_020, SHAPED_021, SHAPED_022, SHAPED_023, SHAPED_024, SHAPED_027, Contract
 
@@ -167,8 +168,10 @@ class BackendShapedTarget(Adapter):
         return spec.cache_dtype
 
     def declare_group(self, group: GroupCase, layout: str) -> GroupCase:
-        if not group.spec.is_attention or group.synthetic_backend is not None:
+        if not group.spec.is_attention:
             return group
+        if group.synthetic_backend is not None:
+            return self._published_by_synthetic(group)
         group = self._customized(group)
         value_head = self._set_value_head_size(group)
         key = (group.backend, group.spec.num_kv_heads, group.spec.head_size, self.layer_cache_dtype(group.spec), layout, value_head)
@@ -189,6 +192,12 @@ class BackendShapedTarget(Adapter):
         value_head = group.spec.head_size_v if group.spec.head_size_v is not None else group.spec.head_size
         setter(value_head)
         return value_head
+
+    def _published_by_synthetic(self, group: GroupCase) -> GroupCase:
+        """A synthetic backend publishes state bytes where the release's specs carry them (0.28), as its real ones do."""
+        if "state_content_bytes" not in self.spec_fields(self.spec_classes[group.spec.kind]):
+            return group
+        return replace(group, spec=published_state(group.spec))
 
     def _customized(self, group: GroupCase) -> GroupCase:
         """The fields the backend publishes for its spec (customize_spec, 0.28): state content and slots."""

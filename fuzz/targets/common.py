@@ -23,7 +23,7 @@ import torch
 import oracles
 from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend, layout_as
 from fuzz.errors import BrokenDeclaration, CaseMismatch, Inexpressible, TargetError
-from fuzz.space import accepts, choose_kernel_block_size, layer_reason, packing_reason
+from fuzz.space import accepts, choose_kernel_block_size, layer_reason, layout_reason, packing_reason
 from fuzz.targets import consumers, kernel_probe, planner_fit
 from fuzz.targets.base import BackendInfo, BufferRecord, Execution, Outcome, TargetInfo, ViewRecord, probe_kind
 from fuzz.targets.calls import call_mismatch
@@ -522,6 +522,8 @@ class Adapter:
             reason = layer_reason(case, info)
             if reason is not None:
                 return reason
+        if (reason := layout_reason(case, info)) is not None:
+            return reason
         for group in case.groups:
             spec = group.spec
             if spec.kind not in info.spec_kinds:

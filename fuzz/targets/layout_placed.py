@@ -24,6 +24,7 @@ from fuzz.targets import consumers
 from fuzz.targets.base import BackendInfo
 from fuzz.targets.common import Adapter
 from fuzz.targets.entry_points import Probe
+from fuzz.targets.synthetic import published_state
 from oracles import declarations, dtypes, pages
 from oracles.contract import LAYOUT_PLACED, LAYOUT_PLACED_KERNEL_MAP
 
@@ -106,7 +107,7 @@ class LayoutPlacedTarget(Adapter):
         if not group.spec.is_attention:
             return group
         if group.synthetic_backend is not None:
-            return dataclasses.replace(group, spec=_published_by_synthetic(group.spec))
+            return dataclasses.replace(group, spec=published_state(group.spec))
         backend = self.backend_class(group)
         if backend is None:
             return group
@@ -247,18 +248,6 @@ class _RocmAnswers:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._platform, name)
-
-
-def _published_by_synthetic(spec: Any) -> Any:
-    """A synthetic backend that takes a quantized cache dtype publishes that dtype's content per
-    state, as every real backend of a packed or scaled format does (customize_spec, 0.28+)."""
-    if spec.state_content_bytes is not None or spec.registered_cache_dtype:
-        return spec
-    definition = dtypes.definition(spec.cache_dtype)
-    if definition is None or definition.plain:
-        return spec
-    content = pages.defined_content_bytes(spec)
-    return spec if content is None else dataclasses.replace(spec, state_content_bytes=content)
 
 
 def _keep_padding_margin(drawn: Any, declared: Any) -> Any:
