@@ -25,7 +25,6 @@ from fuzz.errors import InternalError, KvfuzzError
 from fuzz.tracebacks import describe
 
 PROBES = ("metadata", "physical", "kernel")
-CONSUMERS_EVERY = 8  # consumers cost ten to fifty metadata cases each; every 8th case keeps a campaign within about 2x
 
 
 def _device(value: str) -> str:
@@ -90,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--junit", type=Path, help="write a JUnit XML summary here")
     run.add_argument("--workers", type=_workers, default=None,
                      help="worker processes, or 'auto' (one per core, or per GPU with cuda); "
-                          "default 1, with --ray one per GPU (cuda) or CPU of the cluster")
+                          "default auto, with --ray one per GPU (cuda) or CPU of the cluster")
     run.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
                      help="run the workers on a Ray cluster: the one running here (else a new local one), "
                           "or the one at ADDRESS (pip install 'kvfuzz[ray]')")
@@ -99,9 +98,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="compare view metadata; also write every view's bytes on the device (physical); or write tokens through "
                           "each backend's own cache write and check where they land (kernel)")
     run.add_argument("--probe-every", type=_positive(int), help="with --probe metadata, probe every K-th case physically")
-    run.add_argument("--consumers-every", type=_nonnegative_int, default=CONSUMERS_EVERY, metavar="K",
-                     help="run the code that addresses KV blocks by bytes (block zeroers, block copy, connector regions) on every "
-                          f"K-th case; 0: never (default {CONSUMERS_EVERY})")
+    run.add_argument("--consumers-every", type=_nonnegative_int, default=None, metavar="K",
+                     help="instead of the schedule (the deeper checks share half the time by what each finds), run the code that "
+                          "addresses KV blocks by bytes (block zeroers, block copy, connector regions) on every K-th case and the "
+                          "V1 runner and planner-fit on every case; 0: consumers never")
     run.add_argument("--scale", choices=("small", "production"), default="small",
                      help="small buffers, or production block counts and geometry (metadata on the meta device)")
     run.add_argument("--max-buffer-bytes", type=_positive(int), default=1 << 30, help="production scale with --probe physical: largest buffer")

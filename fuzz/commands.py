@@ -41,9 +41,8 @@ def open_pool(args: argparse.Namespace, workers: int = 1, spec: str | None = Non
 
 
 def _worker_count(args: argparse.Namespace) -> int:
-    if args.workers is None:
-        return 1
-    if args.workers != "auto":
+    """--workers as a number: 'auto' (the default) is one per core, or one per GPU on cuda."""
+    if args.workers not in (None, "auto"):
         return int(args.workers)
     if args.device.startswith("cuda"):
         import torch
@@ -96,8 +95,10 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             with open_campaign_pool(args, start_timeout=max(1.0, min(START_TIMEOUT, deadline - time.monotonic()))) as pool:
                 assert pool.info is not None
                 label = pool.source.label
+                start_s = time.monotonic() - getattr(args, "started", deadline - args.max_time)
                 print(f"kvfuzz: {label}: vLLM {pool.info.vllm_version} ({pool.info.generation}, contract {pool.info.contract.name}), "
                       f"{len(pool.fuzzers())} worker(s) on {args.device}, seed {args.seed}", file=out, flush=True)
+                print(f"kvfuzz: target ready in {start_s:.1f} s (start_s)", file=out, flush=True)
                 for line in pool.info.checks_off:
                     print(f"kvfuzz: check off: {line}", file=out, flush=True)
                 if pool.info.uncovered:
@@ -105,6 +106,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                 left = deadline - time.monotonic()
                 progress = None if args.quiet else Progress(out, max_time=left, max_cases=args.max_cases)
                 report = Campaign(pool, options, progress=progress).run()
+                report.start_s = start_s
                 if progress is not None:
                     progress.close(report)
                 for node in getattr(pool, "nodes", list)():
@@ -140,6 +142,10 @@ def _check_writable(corpus: Path) -> None:
 def _print_summary(report: Any, data: dict[str, Any], out: TextIO) -> None:
     print(f"kvfuzz: {data['cases']} cases in {data['elapsed_s']} s ({data['cases_per_s']} cases/s), "
           f"stopped by {data['stop_reason']}: {dict(report.verdicts)}", file=out)
+    from fuzz.campaign.progress import check_cell
+
+    for row in data.get("checks", ()):
+        print(f"  check {row['check']}: {row['offered']:,} cases asked, {check_cell(row)}", file=out)
     for finding in data["findings"]:
         latent = " (latent: synthetic backend)" if finding["latent"] else ""
         where = finding["case_file"] or f"NOT WRITTEN ({finding.get('note', '')}); the case: {json.dumps(finding.get('case'))}"
@@ -324,17 +330,58 @@ def bench(args: argparse.Namespace, out: TextIO) -> int:
     if measured.returncode != 0:
         raise UsageError(f"bench: the measuring process failed: {(measured.stderr.strip().splitlines() or ['?'])[-1]}")
     figures = json.loads(measured.stdout.strip().splitlines()[-1])
+    figures.update(_start_times(args))
     for workers in (1, 2):
         with tempfile.TemporaryDirectory() as corpus, open_pool(args, workers=workers) as pool:
-            options = CampaignOptions(device="cpu", max_time=600, max_cases=args.scaling_cases, seed=args.seed + 7, corpus_dir=Path(corpus))
-            figures[f"campaign_{workers}_workers_per_s"] = Campaign(pool, options).run().cases_per_s
+            # The default campaign: every deeper check on, where the schedule puts it (consumers_every None).
+            options = CampaignOptions(device="cpu", max_time=600, max_cases=args.scaling_cases, seed=args.seed + 7, corpus_dir=Path(corpus),
+                                      consumers_every=None)
+            report = Campaign(pool, options).run()
+            figures[f"campaign_{workers}_workers_per_s"] = report.cases_per_s
+            if workers == 1:
+                figures["campaign_checks"] = report.check_rows()
     figures["two_workers_speedup"] = figures["campaign_2_workers_per_s"] / figures["campaign_1_workers_per_s"]
     if args.json:
         print(json.dumps(figures, indent=1), file=out)
     else:
         for key, value in figures.items():
+            if key == "campaign_checks":
+                from fuzz.campaign.progress import check_cell
+
+                for row in value:
+                    print(f"{'check ' + row['check']:32} {check_cell(row)}", file=out)
+                continue
             print(f"{key:32} {value:,.2f}" if isinstance(value, float) else f"{key:32} {value}", file=out)
     return 0
+
+
+def _start_times(args: argparse.Namespace) -> dict[str, float]:
+    """Seconds until the target's one worker is ready: cold (vLLM's own caches empty) and warm (a second start)."""
+    import tempfile
+
+    def start() -> float:
+        began = time.monotonic()
+        with open_pool(args, workers=1):
+            return time.monotonic() - began
+
+    with tempfile.TemporaryDirectory() as empty, _environment(VLLM_CACHE_ROOT=empty):
+        cold = start()
+    start()  # warms the target's own state folder (fuzz/targets/releases.py vllm_state_folder)
+    return {"start_cold_s": cold, "start_warm_s": start()}
+
+
+@contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def ci(args: argparse.Namespace, out: TextIO) -> int:

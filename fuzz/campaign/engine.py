@@ -82,6 +82,7 @@ class Report:
     workers: int = 1
     cases: int = 0
     elapsed_s: float = 0.0
+    start_s: float | None = None  # from the command's start until the target's workers were ready (not in elapsed_s)
     verdicts: Counter[str] = field(default_factory=Counter)
     rejections: Counter[str] = field(default_factory=Counter)
     skips: Counter[str] = field(default_factory=Counter)
@@ -97,6 +98,14 @@ class Report:
     error: str = ""  # why the campaign could not go on (stop_reason "error")
     # Per bug (signature), the (spec kind, backend, layout) variants it showed under in this campaign.
     variants: dict[str, set[tuple[str, ...]]] = field(default_factory=dict)
+    # Per deeper check, its workers' tallies added up (fuzz/campaign/schedule.py CheckTally).
+    checks: dict[str, Counter[str]] = field(default_factory=dict)
+
+    def check_rows(self) -> list[dict[str, Any]]:
+        """Per deeper check: cases that asked for it, keys seen and checked, reused verdicts, its share of the workers' time."""
+        spent = max(self.elapsed_s * max(self.workers, 1), 1e-9)
+        return [{"check": name, **{k: round(v, 3) if isinstance(v, float) else v for k, v in tally.items()},
+                 "time_share": round(tally["seconds"] / spent, 4)} for name, tally in sorted(self.checks.items())]
 
     @property
     def cases_per_s(self) -> float:
@@ -111,6 +120,7 @@ class Report:
             "workers": self.workers,
             "cases": self.cases,
             "elapsed_s": round(self.elapsed_s, 3),
+            "start_s": None if self.start_s is None else round(self.start_s, 3),
             "cases_per_s": round(self.cases_per_s, 1),
             "stop_reason": self.stop_reason,
             "error": self.error or None,
@@ -122,6 +132,7 @@ class Report:
             # Each internal error whole: its count, the file keeping its first case, and that case's traceback.
             "internal_error_details": [{"error": message, "count": count, "case_file": self.error_cases.get(message),
                                         "traceback": self.error_tracebacks.get(message)} for message, count in self.errors.most_common()],
+            "checks": self.check_rows(),
             "restarts": self.restarts,
             "stopped_workers": self.stopped_workers,
             "duplicates": self.duplicates,
@@ -150,7 +161,9 @@ class CampaignOptions:
     synthetic: bool = True
     probe_every: int = 0
     probe_kind: str = "physical"  # what the probe every probe_every-th case is: "physical" or "kernel"
-    consumers_every: int = 0  # run the case's consumers (fuzz/targets/consumers.py) on every K-th case; 0: never
+    # Run the case's consumers (fuzz/targets/consumers.py) on every K-th case (0: never), the V1 runner and planner-fit on
+    # every case; None: every deeper check where the worker's schedule says (fuzz/campaign/schedule.py).
+    consumers_every: int | None = 0
     scale: str = "small"
     max_buffer_bytes: int = 1 << 30
     # Shrinking a case that kills its worker costs a restart or a whole case timeout per candidate.
@@ -326,6 +339,8 @@ class Campaign:
             getattr(self.report, key).update(payload.get(key, {}))
         for item in payload.get("internal", ()):
             self._save_internal_error(item)
+        for name, tally in payload.get("checks", {}).items():
+            self.report.checks.setdefault(name, Counter()).update(tally)
         for signature, *variant in payload.get("variants", ()):
             self.report.variants.setdefault(signature, set()).add(tuple(variant))
         mismatches = payload.get("mismatches", {})

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.campaign import protocol
+from fuzz.campaign.schedule import CONSUMERS_EVERY, Schedule
 from fuzz.case import from_dict, to_dict
 from fuzz.corpus.minimize import shrink_finding
 from fuzz.errors import KvfuzzError, TargetError
@@ -162,6 +163,7 @@ class Worker:
         self.known: set[str] = set()
         self.variants: dict[str, set[tuple[str, ...]]] = {}  # per signature, the variants reported to the coordinator
         self.campaign: str | None = None
+        self.schedule: Schedule | None = None  # which deeper checks run on a case, and the verdicts of keys judged (per campaign)
 
     def serve(self) -> None:
         while True:
@@ -190,7 +192,7 @@ class Worker:
     def fuzz(self, task: dict[str, Any]) -> None:
         """Cases start .. start+count-1 of the campaign, each drawn from (seed, index) alone."""
         if task.get("campaign") != self.campaign:  # a worker outlives campaigns: forget the last one's findings
-            self.campaign, self.known, self.variants = task.get("campaign"), set(), {}
+            self.campaign, self.known, self.variants, self.schedule = task.get("campaign"), set(), {}, None
         self.known.update(task.get("known", ()))
         tallies: dict[str, Counter[str]] = {"verdicts": Counter(), "rejections": Counter(), "skips": Counter(), "errors": Counter(),
                                             "mismatches": Counter()}
@@ -203,6 +205,8 @@ class Worker:
         self.target.max_buffer_bytes = task.get("max_buffer_bytes", 1 << 30)  # type: ignore[attr-defined]
         probe_every, probe_kind = task.get("probe_every", 0), task.get("probe_kind", "physical")
         consumers_every = task.get("consumers_every", 0)
+        if self.schedule is None:
+            self.schedule = Schedule(getattr(self.target, "deeper_checks", tuple)())
         for index in range(task["start"], task["start"] + task["count"]):
             self.slot.start(batch, index)
             scale = task.get("scale", "small")
@@ -212,15 +216,25 @@ class Worker:
                 tallies["verdicts"]["unbuildable"] += 1
                 continue
             probe: bool | str = probe_kind if probe_every and index % probe_every == 0 else False
-            # Consumers and the kernel probe run on the cases their schedules pick; the case then names them.
-            case = for_run(case, consumers=bool(consumers_every) and index % consumers_every == 0 and scale == "small",
-                           kernel=probe == "kernel")
+            plan = None
+            if consumers_every is None and scale == "small" and probe != "kernel":
+                # The deeper checks run where the worker's schedule says (fuzz/campaign/schedule.py); the case then names them.
+                plan = self.schedule.plan(case)
+                case = plan.case
+            else:  # a fixed ratio (--consumers-every), production scale, or the kernel probe asked on every case
+                every = CONSUMERS_EVERY if consumers_every is None else consumers_every
+                case = for_run(case, consumers=bool(every) and index % every == 0 and scale == "small", kernel=probe == "kernel")
             # Production-size metadata runs describe their buffers on the meta device; everything
             # else allocates, up to the cap (the adapter skips larger cases).
             device = "meta" if scale == "production" and not probe else task["device"]
             trace: str | None = None  # the traceback of kvfuzz's own error
+            ran_from = time.perf_counter()
             try:
-                result = run_case(self.target, case, device, probe=probe)
+                if plan is None:
+                    result = run_case(self.target, case, device, probe=probe)
+                else:
+                    result = run_case(self.target, case, device, probe=probe, skip=plan.skip, reuse=plan.reuse)
+                    self.schedule.record(plan, result, time.perf_counter() - ran_from)
             except TargetError as error:  # kvfuzz's call does not fit this vLLM: the coordinator decides
                 tallies["verdicts"]["internal-error"] += 1
                 tallies["mismatches"][str(error)] += 1
@@ -252,6 +266,7 @@ class Worker:
         self.slot.finish()
         protocol.send(self.conn, protocol.BATCH, {"batch": batch, "done": task["count"], "elapsed": time.monotonic() - began,
                                                   "internal": list(internal.values()), "variants": variants,
+                                                  "checks": self.schedule.take_tallies(),
                                                   **{k: dict(v) for k, v in tallies.items()}})
 
     def _report(self, batch: int, index: int, case: Any, finding: dict[str, Any], device: str, shrink_until: float) -> None:

@@ -22,6 +22,8 @@ import torch
 
 import oracles
 from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend, layout_as
+from fuzz.checks import DeeperCheck, checks_for
+from fuzz.checks.planner_fit import NAME as PLANNER_FIT
 from fuzz.errors import BrokenDeclaration, CaseMismatch, Inexpressible, TargetError
 from fuzz.space import accepts, choose_kernel_block_size, layer_reason, layout_reason, packing_reason
 from fuzz.targets import consumers, kernel_probe, planner_fit
@@ -275,6 +277,7 @@ class Adapter:
         self._spec_fields: dict[type, frozenset[str]] = {}
         self._registered: set[str] = set()
         self.max_buffer_bytes = 1 << 30  # cases needing more are skipped on real devices
+        self.skip: frozenset[str] = frozenset()  # deeper checks the case in flight leaves out (execute)
         self.consumers, unusable = consumers.discover(probe)
         self.off.update({f"consumer {name}": why for name, why in unusable.items()})
         self.mla_layer = consumers.mla_layer_class(probe)
@@ -659,7 +662,15 @@ class Adapter:
         """Declaring is idempotent, so cases that already carry their backends' fields may be re-run."""
         return dataclasses.replace(case, groups=tuple(self.declare_group(g, case.layout) for g in case.groups))
 
-    def execute(self, case: Case, device: str, probe: bool | str = False) -> Execution:
+    def deeper_checks(self) -> tuple[DeeperCheck, ...]:
+        """The checks beyond the views this target can run (fuzz/checks), for a campaign's schedule."""
+        assert self.planner is not None
+        return checks_for(tuple(self.consumers), runs_v1=self.v1 is not None, fits_planner=not self.planner.takes("num_blocks"))
+
+    def execute(self, case: Case, device: str, probe: bool | str = False, skip: frozenset[str] = frozenset()) -> Execution:
+        """The case through vLLM; `skip` names deeper checks a campaign leaves out of this run (fuzz/checks: only
+        planner-fit is the target's to leave out, the others are left out of the case itself)."""
+        self.skip = skip
         translated = self.translate(case)
         if isinstance(translated, str):
             return Execution(case, skipped=translated)
@@ -858,7 +869,7 @@ class Adapter:
     def fit_memory(self, groups: list[Any], config: Any, num_blocks: int) -> dict[str, Any] | None:
         """A planner that sizes the cache from memory, asked again without the override (fuzz/targets/planner_fit.py)."""
         assert self.planner is not None
-        if self.planner.takes("num_blocks"):
+        if self.planner.takes("num_blocks") or PLANNER_FIT in self.skip:
             return None
         cache_config = self.config.cache_config
         override, cache_config.num_gpu_blocks_override = cache_config.num_gpu_blocks_override, None

@@ -130,6 +130,10 @@ def worker_environment(source: TargetSource, base: Mapping[str, str] | None = No
         rest = [part for part in env.get("PYTHONPATH", "").split(os.pathsep) if part]
         env["PYTHONPATH"] = os.pathsep.join([str(source.python_path), *rest])
     env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # vLLM keeps what it learns of a model class (the model-info cache) under one name for every release, so releases
+    # that share a model file overwrite each other's entries and each start pays seconds re-inspecting the model in a
+    # subprocess. A cache folder per source keeps each one warm.
+    env.setdefault("VLLM_CACHE_ROOT", str(vllm_state_folder(source)))
     if "TRITON_INTERPRET" not in env and not gpu_driver_present():
         # vLLM's Triton kernels (the block zeroer, cache writes) then run under Triton's interpreter
         # (fuzz/targets/triton_interp.py); Triton reads this before its first import.
@@ -140,6 +144,12 @@ def worker_environment(source: TargetSource, base: Mapping[str, str] | None = No
         # nobody built (no compiled extensions) is the same pure-Python tree.
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")
     return env
+
+
+def vllm_state_folder(source: TargetSource) -> Path:
+    """Where vLLM's own caches go for `source`: one folder per release, checkout or installed vLLM."""
+    name = source.version if source.kind == "release" else hashlib.sha256(source.label.encode()).hexdigest()[:16]
+    return cache_root() / "vllm-state" / f"{source.kind}-{name}"
 
 
 def gpu_driver_present() -> bool:
