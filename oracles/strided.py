@@ -27,6 +27,9 @@ How the set questions stay exact without enumerating:
   nested run forms) and, if still open, compares maximal intervals listed from at most
   ENUM_LIMIT starts or a bitmap of at most BITMAP_LIMIT bytes.
 
+`intervals` lists a layout's maximal byte intervals from its run form: the run starts of a nested form (already
+ascending), else the sorted starts or, when those outnumber an eighth of the span, a bitmap of the span; never a byte list.
+
 `Undecidable` is raised only past all of those limits: a point query on a non-nested run form
 whose search exceeds SEARCH_BUDGET nodes while G has more than ENUM_LIMIT points and x lies
 BITMAP_LIMIT or more steps of gcd(strides) above the base; or `same_bytes` where a side is not
@@ -163,6 +166,52 @@ def _check_enumerable(layout: Strided) -> None:
         raise ValueError(f"refusing to enumerate {layout.numel * layout.item} bytes of {describe(layout)}")
     if byte_span(layout)[1] >= 1 << 62:
         raise ValueError(f"addresses of {describe(layout)} overflow int64")
+
+
+# --- maximal intervals ---------------------------------------------------------------------
+
+
+def intervals(layout: Strided) -> tuple[np.ndarray, np.ndarray]:
+    """The maximal intervals [starts, ends) of the addressed bytes, ascending (int64), without listing a byte.
+
+    Memory grows with the runs of the layout's run form (its contiguous stretches of bytes), not with its bytes: a nested
+    form lists its run starts, already ascending; a form whose runs overlap or interleave lists them and sorts them
+    when they are few against its span, else marks them on a bitmap of its span (one byte per byte, transient).
+    """
+    runs = _runs_of(layout)
+    if runs is None:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    if byte_span(layout)[1] >= 1 << 62:
+        raise ValueError(f"addresses of {describe(layout)} overflow int64")
+    size = runs.top + runs.run
+    if runs.nested:
+        return _joined(_all_points(runs.dims), runs.run, runs.base)
+    if math.prod(n for n, _ in runs.dims) * 8 <= size:
+        return _joined(np.unique(_all_points(runs.dims)), runs.run, runs.base)
+    return _bitmap_intervals(runs, size)
+
+
+def _joined(points: np.ndarray, run: int, base: int) -> tuple[np.ndarray, np.ndarray]:
+    """Runs [p, p + run) from ascending unique starts, abutting or overlapping ones joined."""
+    breaks = np.flatnonzero(np.diff(points) > run)
+    starts = points[np.concatenate(([0], breaks + 1))]
+    ends = points[np.concatenate((breaks, [len(points) - 1]))] + run
+    return starts + base, ends + base
+
+
+def _bitmap_intervals(runs: _Runs, size: int) -> tuple[np.ndarray, np.ndarray]:
+    bits = _bitmap(list(runs.dims) + [(runs.run, 1)], size)
+    edges = np.flatnonzero(bits[1:] != bits[:-1]) + 1
+    cuts = np.concatenate(([0], edges, [size]))
+    return cuts[:-1:2] + runs.base, cuts[1::2] + runs.base
+
+
+def _all_points(dims: Sequence[Dim]) -> np.ndarray:
+    """G's points in row-major order of `dims`, duplicates kept."""
+    points = np.zeros(1, dtype=np.int64)
+    for n, s in dims:
+        points = (points[:, None] + np.arange(n, dtype=np.int64) * s).reshape(-1)
+    return points
 
 
 # --- the questions ---------------------------------------------------------------------------
@@ -500,26 +549,17 @@ def _intervals(runs: _Runs) -> tuple[np.ndarray, np.ndarray]:
     """Maximal byte intervals [starts, ends) of a run form, by listing its starts or by a bitmap."""
     points = _points(runs.dims)
     if points is not None:
-        points = np.unique(points)
-        breaks = np.flatnonzero(np.diff(points) > runs.run)
-        starts = points[np.concatenate(([0], breaks + 1))]
-        ends = points[np.concatenate((breaks, [len(points) - 1]))] + runs.run
-        return starts + runs.base, ends + runs.base
+        return _joined(np.unique(points), runs.run, runs.base)
     size = runs.top + runs.run
     if size <= BITMAP_LIMIT:
-        bits = _bitmap(list(runs.dims) + [(runs.run, 1)], size)
-        edges = np.diff(np.concatenate(([0], bits.astype(np.int8), [0])))
-        return np.flatnonzero(edges == 1) + runs.base, np.flatnonzero(edges == -1) + runs.base
+        return _bitmap_intervals(runs, size)
     raise Undecidable(f"comparing a non-nested byte set of {math.prod(n for n, _ in runs.dims)} runs over {size} bytes")
 
 
 def _points(dims: Sequence[Dim]) -> np.ndarray | None:
     if math.prod(n for n, _ in dims) > ENUM_LIMIT or sum((n - 1) * s for n, s in dims) >= 1 << 62:
         return None
-    points = np.zeros(1, dtype=np.int64)
-    for n, s in dims:
-        points = (points[:, None] + np.arange(n, dtype=np.int64) * s).reshape(-1)
-    return points
+    return _all_points(dims)
 
 
 def _bitmap(dims: Sequence[Dim], length: int) -> np.ndarray:

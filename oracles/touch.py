@@ -13,12 +13,14 @@ oracles/contract.py. Never imports vLLM.
 - `token_map`  where each element of token (b, p) of a layer lives, in a cache write's element
                order (K then V per head; an MLA latent then its rope part), and the bytes of its
                (block, head), for backends whose in-block order is their own.
-Byte sets are `{buffer: sorted unique byte offsets}` over the expectation's buffers.
+Byte sets are `{buffer: Spans}`: per buffer sorted, disjoint intervals, worked out from the views' strides
+(oracles/strided.py) and the page rules, so no set costs memory per byte.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,22 +28,121 @@ import numpy as np
 from fuzz.case import Case, GroupCase, parse_shape_entry
 from oracles import contract as rules
 from oracles.expectation import Expectation, ViewExpectation
+from oracles.strided import Strided, byte_addresses, intervals, sub_layout
 
-Bytes = dict[int, np.ndarray]
+
+@dataclass(frozen=True, eq=False)
+class Spans:
+    """A set of byte offsets of one buffer as intervals [starts[i], ends[i]): ascending, non-empty, neither overlapping nor
+    abutting (so two equal sets have equal arrays). `np.asarray(spans)` lists the offsets, for tests and small sets."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+
+    @staticmethod
+    def of(starts: np.ndarray | list[int], ends: np.ndarray | list[int]) -> Spans:
+        """The union of the intervals [starts[i], ends[i]), in any order, overlapping or empty."""
+        starts, ends = np.asarray(starts, dtype=np.int64).reshape(-1), np.asarray(ends, dtype=np.int64).reshape(-1)
+        keep = ends > starts
+        starts, ends = starts[keep], ends[keep]
+        if starts.size == 0:
+            return EMPTY
+        order = np.argsort(starts, kind="stable")
+        starts, reach = starts[order], np.maximum.accumulate(ends[order])
+        first = np.flatnonzero(np.concatenate(([True], starts[1:] > reach[:-1])))
+        last = np.concatenate((first[1:] - 1, [starts.size - 1]))
+        return Spans(starts[first], reach[last])
+
+    @property
+    def count(self) -> int:
+        return int((self.ends - self.starts).sum())
+
+    @property
+    def first(self) -> int:
+        return int(self.starts[0])
+
+    def __bool__(self) -> bool:
+        return bool(self.starts.size)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Spans):
+            return NotImplemented
+        return np.array_equal(self.starts, other.starts) and np.array_equal(self.ends, other.ends)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __or__(self, other: Spans) -> Spans:
+        return Spans.of(np.concatenate((self.starts, other.starts)), np.concatenate((self.ends, other.ends)))
+
+    def __sub__(self, other: Spans) -> Spans:
+        return self._combine(other, lambda mine, theirs: mine & ~theirs)
+
+    def __and__(self, other: Spans) -> Spans:
+        return self._combine(other, lambda mine, theirs: mine & theirs)
+
+    def _combine(self, other: Spans, keep: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Spans:
+        # Between two consecutive boundaries of either set, membership in each is constant: decide each piece by its start.
+        cuts = np.unique(np.concatenate((self.starts, self.ends, other.starts, other.ends)))
+        lo, hi = cuts[:-1], cuts[1:]
+        chosen = keep(self.holds(lo), other.holds(lo))
+        return Spans.of(lo[chosen], hi[chosen])
+
+    def holds(self, offsets: np.ndarray) -> np.ndarray:
+        """Which of the offsets are in the set."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        index = np.searchsorted(self.starts, offsets, side="right") - 1
+        return (index >= 0) & (self.ends[np.maximum(index, 0)] > offsets) if self.starts.size else np.zeros(offsets.shape, dtype=bool)
+
+    def within(self, other: Spans) -> bool:
+        return not self - other
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        if not self:
+            return np.empty(0, dtype=dtype or np.int64)
+        lengths = self.ends - self.starts
+        offsets = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(self.starts - np.cumsum(lengths) + lengths, lengths)
+        return offsets if dtype is None else offsets.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"Spans({list(zip(self.starts.tolist(), self.ends.tolist(), strict=True))})"
+
+
+EMPTY = Spans(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
+
+Bytes = dict[int, Spans]  # buffer -> its bytes in the set; a buffer with none is left out
 
 
 def union(*sets: Bytes) -> Bytes:
-    out: dict[int, list[np.ndarray]] = {}
+    parts: dict[int, list[Spans]] = {}
     for byte_set in sets:
-        for buffer, offsets in byte_set.items():
-            out.setdefault(buffer, []).append(offsets)
-    return {buffer: np.unique(np.concatenate(parts)) for buffer, parts in out.items()}
+        for buffer, spans in byte_set.items():
+            parts.setdefault(buffer, []).append(spans)
+    out = {buffer: Spans.of(np.concatenate([s.starts for s in items]), np.concatenate([s.ends for s in items]))
+           for buffer, items in parts.items()}
+    return {buffer: spans for buffer, spans in out.items() if spans}
+
+
+def minus(left: Bytes, right: Bytes) -> Bytes:
+    out = {buffer: spans - right[buffer] if buffer in right else spans for buffer, spans in left.items()}
+    return {buffer: spans for buffer, spans in out.items() if spans}
+
+
+def meets(left: Bytes, right: Bytes) -> bool:
+    """The two sets share a byte."""
+    return any(buffer in right and bool(spans & right[buffer]) for buffer, spans in left.items())
+
+
+def count(byte_set: Bytes) -> int:
+    return sum(spans.count for spans in byte_set.values())
 
 
 def _spans(buffer: int, spans: list[tuple[int, int]]) -> Bytes:
-    if not spans:
-        return {}
-    return {buffer: np.unique(np.concatenate([np.arange(start, end, dtype=np.int64) for start, end in spans]))}
+    found = Spans.of([start for start, _ in spans], [end for _, end in spans])
+    return {buffer: found} if found else {}
+
+
+def layout_spans(layout: Strided) -> Spans:
+    return Spans(*intervals(layout))
 
 
 def cache_layers(expected: Expectation) -> list[str]:
@@ -55,23 +156,18 @@ def kernel_rows(view: ViewExpectation, block: int) -> list[int]:
     return [first + j for j in range(view.kernel_ratio) if first + j < view.shape[view.block_axis]]
 
 
-def _block_starts(view: ViewExpectation, block: int) -> np.ndarray:
-    """Element start offsets of block `block` in the view, row-major within the block."""
-    offsets = view.element_offsets(owned_only=False).reshape(view.shape)
-    return np.take(offsets, kernel_rows(view, block), axis=view.block_axis).reshape(-1)
-
-
-def _element_bytes(starts: np.ndarray, element_size: int) -> np.ndarray:
-    return (starts[:, None] + np.arange(element_size, dtype=np.int64)[None, :]).reshape(-1)
+def block_layout(view: ViewExpectation, block: int, rows: int | None = None) -> Strided:
+    """The elements of block `block` in the view (its kernel rows, consecutive on the block axis; at most `rows` of them)."""
+    found = kernel_rows(view, block)[:rows]
+    axis = view.block_axis
+    shape = view.shape[:axis] + (len(found),) + view.shape[axis + 1 :]
+    offset = view.byte_offset + (found[0] if found else 0) * view.byte_strides[axis]
+    return Strided(shape, view.byte_strides, offset, view.element_size)
 
 
 def owned(expected: Expectation, layers: list[str], block: int) -> Bytes:
     """The bytes of block `block`'s elements in `layers`."""
-    parts: list[Bytes] = []
-    for name in layers:
-        for view in expected.layers[name].views:
-            parts.append({view.buffer: np.unique(_element_bytes(_block_starts(view, block), view.element_size))})
-    return union(*parts)
+    return union(*({view.buffer: layout_spans(block_layout(view, block))} for name in layers for view in expected.layers[name].views))
 
 
 def tile(case: Case, expected: Expectation, block: int) -> Bytes:
@@ -116,14 +212,36 @@ def zeroer_serves(case: Case, expected: Expectation, consumer: str) -> bool:
     return True
 
 
-def copy_map(expected: Expectation, layers: list[str], src: int, dst: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """For a copy src -> dst: per buffer, the owned bytes of dst and the bytes of src they must hold (aligned)."""
-    pairs: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+@dataclass(frozen=True)
+class CopyPart:
+    """One view's share of a block copy src -> dst: every byte of `target` (dst's elements, row-major) must hold the byte
+    `shift` below it (src's: the views address both blocks alike, `shift` apart)."""
+
+    layer: str
+    target: Strided
+    shift: int
+
+
+def copy_parts(expected: Expectation, layers: list[str], src: int, dst: int) -> dict[int, list[CopyPart]]:
+    """For a copy src -> dst: per buffer, each view's owned elements of dst and how far below them src's lie."""
+    parts: dict[int, list[CopyPart]] = {}
     for name in layers:
         for view in expected.layers[name].views:
-            source, target = _block_starts(view, src), _block_starts(view, dst)
-            pairs.setdefault(view.buffer, []).append((_element_bytes(target, view.element_size), _element_bytes(source, view.element_size)))
-    return {buffer: (np.concatenate([t for t, _ in items]), np.concatenate([s for _, s in items])) for buffer, items in pairs.items()}
+            source, target = kernel_rows(view, src), kernel_rows(view, dst)
+            rows = min(len(source), len(target))
+            shift = (target[0] - source[0]) * view.byte_strides[view.block_axis] if rows else 0
+            parts.setdefault(view.buffer, []).append(CopyPart(name, block_layout(view, dst, rows), shift))
+    return parts
+
+
+def copy_map(expected: Expectation, layers: list[str], src: int, dst: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """`copy_parts` listed byte by byte: per buffer, the owned bytes of dst and the bytes of src they must hold (aligned)."""
+    out = {}
+    for buffer, parts in copy_parts(expected, layers, src, dst).items():
+        targets = [byte_addresses(part.target) for part in parts]
+        sources = [bytes_ - part.shift for bytes_, part in zip(targets, parts, strict=True)]
+        out[buffer] = (np.concatenate(targets), np.concatenate(sources))
+    return out
 
 
 @dataclass(frozen=True)
@@ -134,8 +252,8 @@ class TokenMap:
     element_size: int
     offsets: np.ndarray | None  # byte offset of each element; None where the in-block order is the backend's own
     heads: np.ndarray  # the head slot of each element
-    head_bytes: dict[int, np.ndarray]  # head slot -> bytes of (block, head) in the layer
-    block_bytes: np.ndarray  # bytes of the token's block in the layer
+    head_bytes: dict[int, Spans]  # head slot -> bytes of (block, head) in the layer
+    block_bytes: Spans  # bytes of the token's block in the layer
 
 
 def token_map(case: Case, expected: Expectation, layer: str, block: int, position: int, mla: bool) -> TokenMap | None:
@@ -163,18 +281,22 @@ def token_map(case: Case, expected: Expectation, layer: str, block: int, positio
         halves = {"K": [(order.index("K"), h, d) for h in range(heads) for d in range(head_size)],
                   "V": [(order.index("V"), h, d) for h in range(heads) for d in range(value_size)]}
         parts = halves["K"] + halves["V"]
-    starts = view.element_offsets(owned_only=False).reshape(view.shape)
-    offsets = np.array([starts[_index(axes, row, state, kv, h, d, head_size)] for kv, h, d in parts], dtype=np.int64)
+    offsets = np.array([_element_offset(view, _index(axes, row, state, kv, h, d, head_size)) for kv, h, d in parts], dtype=np.int64)
     head_of = np.array([h for _, h, _ in parts], dtype=np.int64)
     head_axis = axes.index("H") if "H" in axes else None
-    block_starts = np.take(starts, kernel_rows(view, block), axis=view.block_axis)
-    head_bytes = {}
-    for head in np.unique(head_of).tolist():
-        rows = block_starts if head_axis is None else np.take(block_starts, [head], axis=head_axis)
-        head_bytes[head] = np.unique(_element_bytes(rows.reshape(-1), view.element_size))
+    rows = block_layout(view, block)
+    head_bytes = {head: layout_spans(rows if head_axis is None else sub_layout(rows, head_axis, head)) for head in np.unique(head_of).tolist()}
     private = rules.private_block_interior(group.backend_name)
     return TokenMap(buffer=view.buffer, element_size=view.element_size, offsets=None if private else offsets, heads=head_of,
-                    head_bytes=head_bytes, block_bytes=np.unique(_element_bytes(block_starts.reshape(-1), view.element_size)))
+                    head_bytes=head_bytes, block_bytes=layout_spans(rows))
+
+
+def _element_offset(view: ViewExpectation, index: tuple[int, ...]) -> int:
+    """The first byte of the view's element at `index` (worked out from the strides, the view never listed)."""
+    for axis, (i, size) in enumerate(zip(index, view.shape, strict=True)):
+        if not 0 <= i < size:
+            raise IndexError(f"index {i} is out of bounds for axis {axis} with size {size}")
+    return view.byte_offset + sum(i * stride for i, stride in zip(index, view.byte_strides, strict=True))
 
 
 def _axes(group: GroupCase, ndim: int) -> list[str] | None:

@@ -20,6 +20,7 @@ from oracles.strided import (
     describe,
     element_starts,
     inside,
+    intervals,
     is_injective,
     overlaps,
     same_bytes,
@@ -293,6 +294,35 @@ def test_listing_fallback_matches_enumeration(a, b, spans, data):
 def test_bitmap_fallback_matches_enumeration(a, b, spans, data):
     with mock.patch.object(strided, "SEARCH_BUDGET", 0), mock.patch.object(strided, "ENUM_LIMIT", 0):
         check_against_reference(a, b, spans, data)
+
+
+def ref_intervals(layout: Strided) -> list[tuple[int, int]]:
+    values = np.unique(byte_addresses(layout))
+    breaks = np.flatnonzero(np.diff(values) != 1)
+    return list(zip(np.concatenate((values[:1], values[breaks + 1])).tolist(), np.concatenate((values[breaks] + 1, values[-1:] + 1)).tolist(),
+                    strict=True))
+
+
+@settings(max_examples=2000, deadline=None)
+@given(a=layouts())
+def test_intervals_match_enumeration(a):
+    want = ref_intervals(a)
+    starts, ends = intervals(a)
+    assert starts.dtype == ends.dtype == np.int64
+    assert list(zip(starts.tolist(), ends.tolist(), strict=True)) == want
+    runs = strided._runs_of(a)
+    if runs is not None:  # the bitmap way, taken by forms whose runs are many against their span
+        starts, ends = strided._bitmap_intervals(runs, runs.top + runs.run)
+        assert list(zip(starts.tolist(), ends.tolist(), strict=True)) == want
+
+
+def test_intervals_list_runs_not_bytes():
+    # 512 MiB in 4 KiB pages 8 KiB apart (twice, 1 GiB apart): 131072 intervals, found without listing a byte.
+    layout = Strided((2, 65536, 4096), (1 << 30, 8192, 1), 0, 1)
+    starts, ends = intervals(layout)
+    assert starts.size == 2 * 65536 and int(ends[-1]) == (1 << 30) + 65535 * 8192 + 4096
+    assert intervals(Strided((1 << 40,), (2,), 0, 2))[1].tolist() == [1 << 41]
+    assert [a.size for a in intervals(Strided((0, 3), (5, 1), 7, 2))] == [0, 0]
 
 
 @settings(max_examples=1000, deadline=None)

@@ -9,7 +9,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from oracles.strided import Strided, intervals
+
 CANARY = 0x5A  # never 0: a zeroed byte always differs from it
+PATTERN_CHUNK = 1 << 20  # bytes of pattern worked out at a time
 
 Intervals = list[list[int]]
 
@@ -27,8 +30,17 @@ def fill_pattern(raw: list[torch.Tensor]) -> None:
 
 
 def pattern_bytes(buffer: int, size: int) -> np.ndarray:
-    offsets = np.arange(size, dtype=np.uint64) + np.uint64(buffer) * np.uint64(0x10000000)
-    return ((offsets * np.uint64(2654435761)) >> np.uint64(13)).astype(np.uint8)
+    return pattern_slice(buffer, 0, size)
+
+
+def pattern_slice(buffer: int, start: int, end: int) -> np.ndarray:
+    """Bytes start..end-1 of `pattern_bytes(buffer, ...)`, worked out a chunk at a time (the arithmetic is 64-bit per byte)."""
+    out = np.empty(max(0, end - start), dtype=np.uint8)
+    for lo in range(start, end, PATTERN_CHUNK):
+        hi = min(end, lo + PATTERN_CHUNK)
+        offsets = np.arange(lo, hi, dtype=np.uint64) + np.uint64(buffer) * np.uint64(0x10000000)
+        out[lo - start : hi - start] = ((offsets * np.uint64(2654435761)) >> np.uint64(13)).astype(np.uint8)
+    return out
 
 
 def snapshot(raw: list[torch.Tensor]) -> list[np.ndarray]:
@@ -40,7 +52,7 @@ def changed(raw: list[torch.Tensor], before: list[np.ndarray]) -> Intervals:
     out: Intervals = []
     for index, (buffer, old) in enumerate(zip(raw, before, strict=True)):
         now = buffer.view(torch.uint8).cpu().numpy()
-        out += [[index, start, end] for start, end in runs(np.flatnonzero(now != old))]
+        out += [[index, start, end] for start, end in mask_runs(now != old)]
     return out
 
 
@@ -51,8 +63,8 @@ def changed_to(raw: list[torch.Tensor], before: list[np.ndarray], value: int) ->
     for index, (buffer, old) in enumerate(zip(raw, before, strict=True)):
         now = buffer.view(torch.uint8).cpu().numpy()
         moved = now != old
-        to_value += [[index, start, end] for start, end in runs(np.flatnonzero(moved & (now == value)))]
-        other += [[index, start, end] for start, end in runs(np.flatnonzero(moved & (now != value)))]
+        to_value += [[index, start, end] for start, end in mask_runs(moved & (now == value))]
+        other += [[index, start, end] for start, end in mask_runs(moved & (now != value))]
     return to_value, other
 
 
@@ -71,6 +83,16 @@ def runs(offsets: np.ndarray) -> list[tuple[int, int]]:
     return [(int(s), int(e)) for s, e in zip(starts, ends, strict=True)]
 
 
+def mask_runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """The [start, end) runs of True in a flat boolean array, found from its edges (no array of the set offsets)."""
+    mask = mask.reshape(-1)
+    if mask.size == 0:
+        return []
+    edges = np.flatnonzero(mask[1:] != mask[:-1]) + 1
+    cuts = np.concatenate(([0], edges, [mask.size])).tolist()
+    return [(cuts[i], cuts[i + 1]) for i in range(0 if mask[0] else 1, len(cuts) - 1, 2)]
+
+
 class Addresses:
     """Absolute host or device addresses -> (buffer index, offset), for regions vLLM computes as pointers."""
 
@@ -85,16 +107,11 @@ class Addresses:
 
 
 def region_of(tensor: torch.Tensor, row: int | None, addresses: Addresses) -> Intervals:
-    """The bytes `tensor[row]` (or all of `tensor`) addresses, as intervals on the raw buffers."""
+    """The bytes `tensor[row]` (or all of `tensor`) addresses, as intervals on the raw buffers (worked out from its strides,
+    never listing its bytes)."""
     part = tensor if row is None else tensor[row]
     element = part.element_size()
-    offsets = np.zeros((), dtype=np.int64)
-    for size, stride in zip(part.shape, part.stride(), strict=True):
-        offsets = offsets[..., None] + np.arange(size, dtype=np.int64) * stride * element
+    layout = Strided(tuple(part.shape), tuple(stride * element for stride in part.stride()), 0, element)
     base = part.data_ptr()
-    starts = np.unique(offsets.reshape(-1))
-    covered = np.unique((starts[:, None] + np.arange(element, dtype=np.int64)[None, :]).reshape(-1))
-    out: Intervals = []
-    for start, end in runs(covered):
-        out.append(addresses.locate(base + start, end - start))
-    return out
+    starts, ends = intervals(layout)
+    return [addresses.locate(base + int(start), int(end - start)) for start, end in zip(starts, ends, strict=True)]

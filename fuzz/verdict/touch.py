@@ -27,11 +27,12 @@ import numpy as np
 
 from fuzz.case import Case
 from fuzz.targets.base import Outcome, decode_bytes
-from fuzz.targets.readback import pattern_bytes
+from fuzz.targets.readback import mask_runs, pattern_bytes, pattern_slice
 from fuzz.verdict.compare import REFUSALS
 from fuzz.verdict.findings import Finding, observed
 from oracles import touch
 from oracles.expectation import Expectation
+from oracles.strided import Strided, element_starts
 
 Found = Callable[..., Finding]
 
@@ -68,38 +69,21 @@ def _buffer_map(expected: Expectation, outcome: Outcome) -> dict[int, int]:
 
 
 def _bytes(intervals: list[list[int]], buffers: dict[int, int]) -> touch.Bytes:
-    parts: dict[int, list[np.ndarray]] = {}
+    parts: dict[int, list[tuple[int, int]]] = {}
     for buffer, start, end in intervals:
-        parts.setdefault(buffers.get(buffer, -1 - buffer), []).append(np.arange(start, end, dtype=np.int64))
-    return {buffer: np.unique(np.concatenate(items)) for buffer, items in parts.items()}
-
-
-def _minus(left: touch.Bytes, right: touch.Bytes) -> touch.Bytes:
-    out = {}
-    for buffer, offsets in left.items():
-        rest = offsets[~np.isin(offsets, right.get(buffer, np.empty(0, dtype=np.int64)))]
-        if rest.size:
-            out[buffer] = rest
-    return out
-
-
-def _count(byte_set: touch.Bytes) -> int:
-    return sum(int(v.size) for v in byte_set.values())
+        parts.setdefault(buffers.get(buffer, -1 - buffer), []).append((start, end))
+    found = {buffer: touch.Spans.of([s for s, _ in items], [e for _, e in items]) for buffer, items in parts.items()}
+    return {buffer: spans for buffer, spans in found.items() if spans}
 
 
 def _describe(byte_set: touch.Bytes) -> str:
-    count = _count(byte_set)
     buffer = min(byte_set)
-    return f"{count} bytes, the first at byte {int(byte_set[buffer][0])} of buffer {buffer}"
+    return f"{touch.count(byte_set)} bytes, the first at byte {byte_set[buffer].first} of buffer {buffer}"
 
 
 def _layer_of(expected: Expectation, layers: list[str], byte_set: touch.Bytes, block: int) -> str | None:
     """The first of `layers` whose block `block` owns one of the bytes (for the finding's layer)."""
-    for name in layers:
-        mine = touch.owned(expected, [name], block)
-        if any(np.isin(offsets, mine.get(buffer, ())).any() for buffer, offsets in byte_set.items()):
-            return name
-    return None
+    return next((name for name in layers if touch.meets(byte_set, touch.owned(expected, [name], block))), None)
 
 
 def _consumer(case: Case, expected: Expectation, buffers: dict[int, int], name: str, record: dict[str, Any], found: Found) -> Finding | None:
@@ -128,17 +112,17 @@ def _zero(case: Case, expected: Expectation, buffers: dict[int, int], name: str,
     for entry in record["blocks"]:
         block = entry["block"]
         zeroed = _bytes(entry["zeroed"], buffers)
-        outside = _minus(touch.union(zeroed, _bytes(entry["dirtied"], buffers)), touch.tile(case, expected, block))
+        outside = touch.minus(touch.union(zeroed, _bytes(entry["dirtied"], buffers)), touch.tile(case, expected, block))
         if outside:
             return found("zero-escape", function, f"{where}: zeroing block {block} changed {_describe(outside)}, outside block {block}")
-        missed = _minus(touch.owned(expected, layers, block), zeroed)
+        missed = touch.minus(touch.owned(expected, layers, block), zeroed)
         if missed:
             layer = _layer_of(expected, layers, missed, block)
             # A zeroer that cleared none of the bytes only this layer owns in the block passed the layer over (another bug than
             # clearing the wrong bytes); bytes other layers own too may have been cleared through them.
-            mine = touch.owned(expected, [layer], block) if layer is not None else {}
-            private = _minus(mine, touch.owned(expected, [n for n in layers if n != layer], block))
-            passed_over = _count(private) > 0 and _count(_minus(private, zeroed)) == _count(private)
+            mine: touch.Bytes = touch.owned(expected, [layer], block) if layer is not None else {}
+            private = touch.minus(mine, touch.owned(expected, [n for n in layers if n != layer], block))
+            passed_over = touch.count(private) > 0 and touch.count(touch.minus(private, zeroed)) == touch.count(private)
             what = "cleared no byte at all, leaving" if passed_over else "left"
             return found("zero-miss", function, f"{where}: zeroing block {block} {what} {_describe(missed)} of it uncleared", layer)
     return None
@@ -150,44 +134,57 @@ def _copy(case: Case, expected: Expectation, buffers: dict[int, int], where: str
     for entry in record["copies"]:
         src, dst = entry["src"], entry["dst"]
         changed = _bytes(entry["changed"], buffers)
-        outside = _minus(changed, touch.tile(case, expected, dst))
+        outside = touch.minus(changed, touch.tile(case, expected, dst))
         if outside:
             return found("copy-escape", function, f"{where}: copying block {src} to {dst} changed {_describe(outside)}, outside block {dst}")
-        now = _values_after(entry, buffers)
-        for buffer, (targets, sources) in touch.copy_map(expected, layers, src, dst).items():
-            size = int(max(targets.max(), sources.max())) + 1
-            original = pattern_bytes(_outcome_buffer(buffers, buffer), size)
-            got = original[targets].copy()
-            offsets, values = now.get(buffer, (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint8)))
-            if offsets.size:
-                index = np.minimum(np.searchsorted(offsets, targets), offsets.size - 1)
-                hit = offsets[index] == targets
-                got[hit] = values[index[hit]]
-            wrong = np.flatnonzero(got != original[sources])
-            if wrong.size:
-                first = int(targets[wrong[0]])
-                layer = _layer_of(expected, layers, {buffer: targets[wrong]}, dst)
-                return found("copy-wrong", function, f"{where}: after copying block {src} to {dst}, {wrong.size} bytes of block {dst} do not "
+        for buffer, parts in touch.copy_parts(expected, layers, src, dst).items():
+            wrong = _not_copied(entry, buffers, buffer, parts)
+            if wrong is not None:
+                count, first, spans = wrong
+                layer = _layer_of(expected, layers, {buffer: spans}, dst)
+                return found("copy-wrong", function, f"{where}: after copying block {src} to {dst}, {count} bytes of block {dst} do not "
                                                      f"hold block {src}'s, the first at byte {first} of buffer {buffer}", layer)
     return None
 
 
+def _not_copied(entry: dict[str, Any], buffers: dict[int, int], buffer: int, parts: list[touch.CopyPart]) -> tuple[int, int, touch.Spans] | None:
+    """The bytes of dst in `buffer` that do not hold src's after the copy: how many (a byte of two views counts twice), the
+    first in the views' element order, and which; None if every one does."""
+    spans = [touch.layout_spans(part.target) for part in parts]
+    mine = _outcome_buffer(buffers, buffer)
+    now = _after(entry, buffers, buffer, pattern_bytes(mine, max((int(s.ends[-1]) for s in spans if s), default=0)))
+    count, first, wrong = 0, None, touch.EMPTY
+    for part, targets in zip(parts, spans, strict=True):
+        runs: list[tuple[int, int]] = []
+        for start, end in zip(targets.starts.tolist(), targets.ends.tolist(), strict=True):
+            differ = now[start:end] != pattern_slice(mine, start - part.shift, end - part.shift)
+            runs += [(start + lo, start + hi) for lo, hi in mask_runs(differ)]
+        if runs:
+            here = touch.Spans.of([lo for lo, _ in runs], [hi for _, hi in runs])
+            count += here.count
+            first = _first_in_order(part.target, here) if first is None else first
+            wrong = wrong | here
+    return None if first is None else (count, first, wrong)
+
+
+def _after(entry: dict[str, Any], buffers: dict[int, int], buffer: int, before: np.ndarray) -> np.ndarray:
+    """The bytes 0..len(before)-1 of expected buffer `buffer` after the copy: `before` with the changed bytes' new values."""
+    for (at, start, end), text in zip(entry["changed"], entry["values"], strict=True):
+        if buffers.get(at, -1 - at) == buffer and start < before.size:
+            before[start:min(end, before.size)] = np.frombuffer(bytes.fromhex(text), dtype=np.uint8)[: before.size - start]
+    return before
+
+
+def _first_in_order(layout: Strided, spans: touch.Spans) -> int:
+    """The first byte of `spans` in the layout's element order (row-major, each element's bytes ascending)."""
+    starts = element_starts(layout)
+    index = np.minimum(np.searchsorted(spans.ends, starts, side="right"), spans.starts.size - 1)
+    hit = np.flatnonzero((spans.ends[index] > starts) & (spans.starts[index] < starts + layout.item))
+    return max(int(starts[hit[0]]), int(spans.starts[index[hit[0]]]))
+
+
 def _outcome_buffer(buffers: dict[int, int], expected_buffer: int) -> int:
     return next((mine for mine, theirs in buffers.items() if theirs == expected_buffer), expected_buffer)
-
-
-def _values_after(entry: dict[str, Any], buffers: dict[int, int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Per expected buffer: the changed byte offsets (sorted) and the values they now hold."""
-    parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-    for (buffer, start, end), text in zip(entry["changed"], entry["values"], strict=True):
-        parts.setdefault(buffers.get(buffer, -1 - buffer), []).append(
-            (np.arange(start, end, dtype=np.int64), np.frombuffer(bytes.fromhex(text), dtype=np.uint8)))
-    out = {}
-    for buffer, items in parts.items():
-        offsets, values = np.concatenate([o for o, _ in items]), np.concatenate([v for _, v in items])
-        order = np.argsort(offsets)
-        out[buffer] = (offsets[order], values[order])
-    return out
 
 
 def _region(case: Case, expected: Expectation, buffers: dict[int, int], where: str, record: dict[str, Any], found: Found) -> Finding | None:
@@ -196,10 +193,10 @@ def _region(case: Case, expected: Expectation, buffers: dict[int, int], where: s
     for entry in record["blocks"]:
         block = entry["block"]
         region = _bytes(entry["region"], buffers)
-        outside = _minus(region, touch.tile(case, expected, block))
+        outside = touch.minus(region, touch.tile(case, expected, block))
         if outside:
             return found("region-mismatch", function, f"{where}: the region of block {block} holds {_describe(outside)} outside block {block}")
-        missed = _minus(touch.owned(expected, layers, block), region)
+        missed = touch.minus(touch.owned(expected, layers, block), region)
         if missed:
             layer = _layer_of(expected, layers, missed, block)
             return found("region-mismatch", function, f"{where}: the region of block {block} misses {_describe(missed)} of it", layer)
@@ -226,7 +223,7 @@ def _kernel(case: Case, expected: Expectation, buffers: dict[int, int], layer: s
         landed = landed.view(np.int64)
         stray = _bytes(token["stray"], buffers)
         if stray:
-            inside = stray.keys() == {wanted.buffer} and bool(np.isin(stray[wanted.buffer], wanted.block_bytes).all())
+            inside = stray.keys() == {wanted.buffer} and stray[wanted.buffer].within(wanted.block_bytes)
             return found("kernel-escape", function, f"{where} changed {_describe(stray)} that hold no element of it"
                                                     + (" (inside its block)" if inside else ""), layer)
         missing = np.flatnonzero(landed < 0)
@@ -235,13 +232,13 @@ def _kernel(case: Case, expected: Expectation, buffers: dict[int, int], layer: s
         on = np.array([buffers.get(int(v) >> 40, -1) for v in landed], dtype=np.int64)
         at = landed & ((1 << 40) - 1)
         off_buffer = np.flatnonzero(on != wanted.buffer)
-        outside = off_buffer if off_buffer.size else np.flatnonzero(~np.isin(at, wanted.block_bytes))
+        outside = off_buffer if off_buffer.size else np.flatnonzero(~wanted.block_bytes.holds(at))
         if outside.size:
             return found("kernel-escape", function, f"{where}: {outside.size} of its elements landed outside its block, the first "
                                                     f"(element {int(outside[0])}) at byte {int(at[outside[0]])}", layer)
         for head, allowed in wanted.head_bytes.items():
             elements = np.flatnonzero(wanted.heads == head)
-            astray = elements[~np.isin(at[elements], allowed)]
+            astray = elements[~allowed.holds(at[elements])]
             if astray.size:
                 return found("kernel-escape", function, f"{where}: {astray.size} elements of head {head} landed in another head's bytes",
                              layer)
