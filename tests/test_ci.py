@@ -74,35 +74,37 @@ def test_only_reproducible_failures_the_change_introduced_fail_the_job():
 
 
 def test_summary_names_each_failure_with_reproducer_explain_and_case():
-    items = [checked(INTRODUCED, number=1), checked(PRE_EXISTING, CORPUS, number=2), checked(FLAKY, number=3)]
+    items = [checked(INTRODUCED, number=1), checked(PRE_EXISTING, CORPUS, number=2, message="RuntimeError: other 2"),
+             checked(FLAKY, number=3, message="RuntimeError: third 3")]
     text = markdown(result_of(*items))
-    assert text.startswith("## kvfuzz ci: **1 reproducible failure(s) introduced by the change**")
-    assert text.index("### Introduced by this change") < text.index("### Pre-existing") < text.index("### Flaky")
+    assert text.startswith("## kvfuzz ci: **1 bug(s) introduced by the change** (1 reproducible failing case(s))")
+    assert (text.index("### Introduced by this change") < text.index("### First introduced bug") < text.index("<b>1 pre-existing bug(s)</b>")
+            < text.index("<b>1 flaky bug(s)</b>"))
     assert "kvfuzz replay corpus/findings/1.json --vllm ./vllm-branch" in text
     assert "explain text 1" in text and "`vllm/v1/kv_cache_interface.py:428` (create_kv_cache_views)" in text
     assert text.count("<summary>minimized case</summary>") == 3 and '"num_blocks"' in text
     assert text.count("reruns in fresh processes: the same signature in 2 of 2") == 2 and ", `pass`" in text  # the flaky one
-    assert text.index("| introduced |") < text.index("| pre-existing |") < text.index("| flaky |")
     # A signature's bars are escaped in the table only.
-    assert "crash-on-valid \\| create_kv_cache_views" in text and "#### `crash-on-valid | create_kv_cache_views" in text
+    assert "crash-on-valid \\| create_kv_cache_views" in text and "### First introduced bug: `crash-on-valid | create_kv_cache_views" in text
     assert "no new reproducible failure" in markdown(result_of(checked(PRE_EXISTING)))
 
 
 def test_summary_shows_the_first_failures_in_full_and_lists_every_one():
     items = [checked(INTRODUCED, number=n, message=f"RuntimeError: kind {chr(97 + n % 26)}{n}") for n in range(MAX_DETAILS + 5)]
     text = markdown(result_of(*items))
-    assert text.count("<summary>kvfuzz explain</summary>") == MAX_DETAILS
-    assert text.count("| introduced | campaign |") == MAX_DETAILS + 5
+    assert text.count("<summary>full kvfuzz explain</summary>") == MAX_DETAILS
+    assert text.count("| crash-on-valid | `crash-on-valid") == MAX_DETAILS + 5
     assert "5 more in the summary" in terminal(result_of(*items), limit=MAX_DETAILS)
 
 
 def test_junit_fails_only_what_fails_the_job(tmp_path):
     path = tmp_path / "junit.xml"
-    write_junit(path, result_of(checked(INTRODUCED, number=1), checked(PRE_EXISTING, number=2), checked(FLAKY, number=3)))
+    write_junit(path, result_of(checked(INTRODUCED, number=1), checked(PRE_EXISTING, number=2, message="RuntimeError: other 2"),
+                                checked(FLAKY, number=3, message="RuntimeError: third 3")))
     suite = ET.parse(path).getroot()
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("5", "1", "2")
     failures = suite.findall("testcase/failure")
-    assert len(failures) == 1 and "introduced: RuntimeError: boom 3" == failures[0].get("message")
+    assert len(failures) == 1 and "introduced: RuntimeError: boom 3 (1 case(s))" == failures[0].get("message")
     assert "kvfuzz replay corpus/findings/1.json --vllm ./vllm-branch" in failures[0].text
     assert sorted(s.get("message").split(":")[0] for s in suite.findall("testcase/skipped")) == ["flaky", "pre-existing"]
 

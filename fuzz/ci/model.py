@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fuzz.case import Case
-from fuzz.verdict.findings import Finding
+from fuzz.case import Case, dumps
+from fuzz.verdict.findings import Finding, variants_of
 
 # How a checked failure ends. Only the first two fail the job.
 INTRODUCED = "introduced"  # reproducible; the baseline passes the same case (or cannot express it)
@@ -16,6 +17,7 @@ NEW = "new"  # reproducible; no baseline to tell whether the change introduced i
 PRE_EXISTING = "pre-existing"  # reproducible, and the baseline fails the case too
 FLAKY = "flaky"  # the fresh processes did not both fail with the same signature
 FAILING = (INTRODUCED, NEW)
+STATUSES = (INTRODUCED, NEW, PRE_EXISTING, FLAKY)  # the order reports list them in, worst first
 
 CORPUS, CAMPAIGN = "corpus", "campaign"  # where a failure came from: the replayed corpus, or fuzzing
 
@@ -55,6 +57,102 @@ class Checked:
         return self.status in FAILING
 
 
+@dataclass(eq=False)
+class Bug:
+    """One signature and every checked failure that showed it: reports count bugs, not case files."""
+
+    signature: str
+    items: list[Checked]
+
+    @property
+    def status(self) -> str:
+        """The worst status among its cases: one case the change broke makes the bug the change's."""
+        return min((item.status for item in self.items), key=_rank)
+
+    @property
+    def fails_job(self) -> bool:
+        return self.status in FAILING
+
+    @property
+    def example(self) -> Checked:
+        """The case to show: the smallest of those with the bug's status (findings are minimized, corpus cases are not always)."""
+        return min((item for item in self.items if item.status == self.status), key=lambda item: len(dumps(item.case)))
+
+    @property
+    def kind(self) -> str:
+        return self.example.finding.kind
+
+    @property
+    def statuses(self) -> Counter[str]:
+        return Counter(item.status for item in self.items)
+
+    @property
+    def origins(self) -> Counter[str]:
+        return Counter(item.origin for item in self.items)
+
+    @property
+    def variants(self) -> dict[str, list[str]]:
+        """The spec kinds, backends and layouts its cases showed it under."""
+        return variants_of(item.finding for item in self.items)
+
+    @property
+    def locations(self) -> list[Location]:
+        """The example's locations first, then any other place its cases point to."""
+        found: dict[Location, None] = {}
+        for item in [self.example, *self.items]:
+            found.update(dict.fromkeys(item.locations))
+        return list(found)
+
+
+def group_bugs(checked: list[Checked]) -> list[Bug]:
+    """One Bug per signature, worst status first, then the most cases first (stable otherwise)."""
+    grouped: dict[str, list[Checked]] = {}
+    for item in checked:
+        grouped.setdefault(item.finding.signature, []).append(item)
+    bugs = [Bug(signature, items) for signature, items in grouped.items()]
+    return sorted(bugs, key=lambda bug: (_rank(bug.status), -len(bug.items)))
+
+
+def _rank(status: str) -> int:
+    return STATUSES.index(status) if status in STATUSES else len(STATUSES)
+
+
+@dataclass
+class InternalFailure:
+    """An exception in kvfuzz's own code during the campaign: the job fails, and not because of the change."""
+
+    message: str
+    count: int
+    case_file: str | None = None  # the first case that hit it, kept in internal-errors/
+    traceback: str | None = None
+
+
+def internal_errors(campaign: dict[str, Any]) -> list[InternalFailure]:
+    """The campaign report's internal errors: its `internal_error_details` (entries holding `error`, `count`,
+    `case_file`, `traceback`), else `internal_errors` as `{message: count}`, `{message: entry}` or a list of entries.
+    A traceback missing from the report is read from the kept case file when it records one."""
+    raw = campaign.get("internal_error_details") or campaign.get("internal_errors") or {}
+    cases = campaign.get("internal_error_cases") or {}
+    pairs = raw.items() if isinstance(raw, dict) else [(entry.get("error", "?"), entry) for entry in raw if isinstance(entry, dict)]
+    found = []
+    for message, value in pairs:
+        entry = value if isinstance(value, dict) else {"count": value}
+        case_file = entry.get("case_file") or cases.get(message)
+        found.append(InternalFailure(str(message), int(entry.get("count") or 1), case_file, entry.get("traceback") or _traceback_in(case_file)))
+    return found
+
+
+def _traceback_in(case_file: str | None) -> str | None:
+    """The traceback an internal-error case file records, when it records one."""
+    if not case_file:
+        return None
+    try:
+        data = json.loads(Path(case_file).read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("traceback") if isinstance(data, dict) else None
+
+
 @dataclass
 class CiResult:
     target: dict[str, Any]  # spec, label, vllm_version, contract
@@ -63,13 +161,26 @@ class CiResult:
     gate: Counter[str] = field(default_factory=Counter)  # corpus files by replay status
     campaign: dict[str, Any] = field(default_factory=dict)  # the campaign report (fuzz.campaign.engine.Report.to_dict)
     checked: list[Checked] = field(default_factory=list)
+    aborted: InternalFailure | None = None  # kvfuzz's own code raised outside the campaign (the gate, a rerun): the run stopped there
 
     def by_status(self, *statuses: str) -> list[Checked]:
         return [item for item in self.checked if item.status in statuses]
 
     @property
+    def bugs(self) -> list[Bug]:
+        """The checked failures by signature; a run kvfuzz's own error stopped before their checks ended has none to show."""
+        return group_bugs([item for item in self.checked if item.status in STATUSES])
+
+    @property
+    def internal_errors(self) -> list[InternalFailure]:
+        return ([self.aborted] if self.aborted else []) + internal_errors(self.campaign)
+
+    @property
     def exit_status(self) -> int:
-        return 1 if any(item.fails_job for item in self.checked) else 0
+        """1 for a reproducible failure the change introduced; else 2 when kvfuzz itself failed (the job is not green); else 0."""
+        if any(item.fails_job for item in self.checked):
+            return 1
+        return 2 if self.internal_errors else 0
 
     def reproducer(self, item: Checked) -> str:
         return f"kvfuzz replay {item.path} --vllm {self.target['spec']}"

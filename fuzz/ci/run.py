@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -13,14 +16,16 @@ from fuzz.case import Case
 from fuzz.ci import DEFAULT_BUDGET, DEFAULT_CORPUS
 from fuzz.ci.gate import replay_gate
 from fuzz.ci.locate import functions_under_test, locate, package_folder
-from fuzz.ci.model import CAMPAIGN, FLAKY, Checked, CiResult
+from fuzz.ci.model import CAMPAIGN, FLAKY, Checked, CiResult, InternalFailure
 from fuzz.ci.reproduce import describe, on_baseline, rerun, settle
 from fuzz.corpus import store
 from fuzz.corpus.builtin import builtin_corpus
-from fuzz.errors import TargetError
+from fuzz.corpus.store import Entry
+from fuzz.errors import InternalError, KvfuzzError, TargetError
 from fuzz.explain.render import render
 from fuzz.targets import releases
 from fuzz.targets.releases import TargetSource
+from fuzz.tracebacks import describe as describe_error
 from fuzz.verdict.runner import CaseResult
 
 
@@ -45,8 +50,23 @@ def run_ci(options: CiOptions, out: TextIO) -> CiResult:
     shipped = list(store.entries(builtin_corpus()))
     findings = options.corpus / "findings"
     kept = list(store.entries(findings)) if findings.exists() else []
+    results: list[CiResult] = []  # the result once the target runs: kvfuzz's own error after that is reported in it
+    try:
+        with _no_imports_from_cwd():
+            _run(options, source, baseline, shipped, kept, results, out)
+    except Exception as error:  # noqa: BLE001 - only kvfuzz's own errors are kept, the rest raised again below
+        if not results or (isinstance(error, KvfuzzError) and not isinstance(error, InternalError)):
+            raise
+        results[0].aborted = _failure(error)
+        print(f"kvfuzz ci: stopped: kvfuzz internal error (please report): {results[0].aborted.message}", file=out, flush=True)
+    return results[0]
+
+
+def _run(options: CiOptions, source: TargetSource, baseline: TargetSource | None, shipped: list[Entry], kept: list[Entry],
+         results: list[CiResult], out: TextIO) -> None:
     with _pool(options, source, options.workers) as pool:
         result = CiResult(target=describe(pool), baseline={"spec": options.baseline} if options.baseline else None, corpus=options.corpus)
+        results.append(result)
         target = result.target
         print(f"kvfuzz ci: {target['label']}: vLLM {target['vllm_version']} ({target['generation']}, contract {target['contract']}), "
               f"{len(pool.workers)} worker(s) on {options.device}", file=out, flush=True)
@@ -60,7 +80,30 @@ def run_ci(options: CiOptions, out: TextIO) -> CiResult:
     if result.checked:
         _check(result, options, source, baseline, out)
         record_verdicts(result, options.corpus)
-    return result
+
+
+@contextmanager
+def _no_imports_from_cwd() -> Iterator[None]:
+    """Target processes start as `python -m`, which puts the working directory first on sys.path: run from a vLLM clone
+    (as the workflow runs it), every target, the baseline included, would import the clone's vllm/ and each failure the
+    change introduced would look pre-existing. PYTHONSAFEPATH (Python 3.11+) leaves the working directory out."""
+    before = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONSAFEPATH", None)
+        else:
+            os.environ["PYTHONSAFEPATH"] = before
+
+
+def _failure(error: Exception) -> InternalFailure:
+    """kvfuzz's own error as the reports show it: raised in a worker (InternalError, with the worker's traceback) or here."""
+    if isinstance(error, InternalError):
+        return InternalFailure(str(error), 1, None, error.traceback or None)
+    described = describe_error(error)
+    return InternalFailure(described.summary, 1, None, described.traceback)
 
 
 def _campaign(pool: Pool, options: CiOptions, known: frozenset[str], out: TextIO) -> Report:

@@ -1,9 +1,12 @@
-"""SARIF 2.1.0 for code scanning: one result per finding signature, at the vLLM source line it points to.
+"""SARIF 2.1.0 for code scanning: one result per bug (finding signature), at the vLLM source line it points to.
 
-Rule id: the finding kind. Message: the `kvfuzz explain` text. Level: error for a failure the change
-introduced (or a new one without a baseline), warning for a pre-existing one, note for a flaky one;
-`baselineState` says new or unchanged. Locations are relative to the repository root (`%SRCROOT%`),
-so a vLLM checkout's code scanning shows them on its own files.
+Rule id: the finding kind. Message: the signature, how many cases showed it under which variants, the
+rows of `kvfuzz explain` that differ for its example case and the reproducer. Level: error for a bug the
+change introduced (or a new one without a baseline), warning for a pre-existing one, note for a flaky
+one; `baselineState` says new or unchanged. The location is the line the example's finding names (the
+innermost vLLM frame of a crash; for a wrong view, the function that built it); every other place its
+cases point to is a related location. Locations are relative to the repository root (`%SRCROOT%`), so
+a vLLM checkout's code scanning shows them on its own files.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fuzz.ci.model import FLAKY, INTRODUCED, NEW, PRE_EXISTING, Checked, CiResult, Location
+from fuzz.ci.model import FLAKY, INTRODUCED, NEW, PRE_EXISTING, Bug, CiResult, Location
+from fuzz.ci.present import differing_rows, origins_text, variants_text
 from fuzz.verdict.findings import DESCRIPTIONS, KINDS
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -36,7 +40,8 @@ def sarif_log(result: CiResult, version: str) -> dict[str, Any]:
                 "rules": [{"id": kind, "name": kind.title().replace("-", ""), "shortDescription": {"text": RULES[kind]},
                            "defaultConfiguration": {"level": "error"}} for kind in kinds],
             }},
-            "results": [_result(item, result, kinds.index(item.finding.kind)) for item in _one_per_signature(result.checked)],
+            "invocations": [_invocation(result)],
+            "results": [_result(bug, result, kinds.index(bug.kind)) for bug in result.bugs],
         }],
     }
 
@@ -45,29 +50,38 @@ def write_sarif(path: Path, result: CiResult, version: str) -> None:
     path.write_text(json.dumps(sarif_log(result, version), indent=1) + "\n")
 
 
-def _one_per_signature(checked: list[Checked]) -> list[Checked]:
-    """The first failure of each signature, the one that fails the job first."""
-    chosen: dict[str, Checked] = {}
-    for item in sorted(checked, key=lambda c: (not c.fails_job, c.status == FLAKY)):
-        chosen.setdefault(item.finding.signature, item)
-    return list(chosen.values())
+def _invocation(result: CiResult) -> dict[str, Any]:
+    """Unsuccessful when kvfuzz itself failed: its internal errors are tool notifications, not results about vLLM."""
+    errors = result.internal_errors
+    invocation: dict[str, Any] = {"executionSuccessful": not errors}
+    if errors:
+        invocation["toolExecutionNotifications"] = [
+            {"level": "error", "message": {"text": f"kvfuzz internal error ({error.count}x): {error.message}"
+                                           + (f"\n\n{error.traceback}" if error.traceback else "")}} for error in errors]
+    return invocation
 
 
-def _result(item: Checked, result: CiResult, rule_index: int) -> dict[str, Any]:
+def _result(bug: Bug, result: CiResult, rule_index: int) -> dict[str, Any]:
+    item = bug.example
+    message = (f"{bug.status}: {bug.signature}\n{len(bug.items)} case(s) ({origins_text(bug.origins)}) under "
+               f"{variants_text(bug.variants)}\n\n{differing_rows(item.explain)}\n\nReproduce: {result.reproducer(item)}")
     data: dict[str, Any] = {
-        "ruleId": item.finding.kind,
+        "ruleId": bug.kind,
         "ruleIndex": rule_index,
-        "level": LEVELS[item.status],
-        "baselineState": BASELINE_STATES[item.status],
-        "message": {"text": f"{item.status}: {item.finding.signature}\n\n{item.explain}\n\nReproduce: {result.reproducer(item)}"},
+        "level": LEVELS[bug.status],
+        "baselineState": BASELINE_STATES[bug.status],
+        "message": {"text": message},
         "partialFingerprints": {"kvfuzzSignature/v1": item.finding.signature_id},
-        "properties": {"signature": item.finding.signature, "status": item.status, "origin": item.origin, "caseFile": str(item.path),
-                       "reruns": item.reruns, "onBaseline": item.baseline, "latent": item.finding.latent},
+        "properties": {"signature": bug.signature, "status": bug.status, "cases": len(bug.items), "statuses": dict(bug.statuses),
+                       "origins": dict(bug.origins), "variants": bug.variants, "caseFile": str(item.path),
+                       "caseFiles": [str(case.path) for case in bug.items], "reruns": item.reruns, "onBaseline": item.baseline,
+                       "latent": item.finding.latent},
     }
-    if item.locations:
-        data["locations"] = [_location(item.locations[0])]
-        if len(item.locations) > 1:
-            data["relatedLocations"] = [{"id": number, **_location(where)} for number, where in enumerate(item.locations[1:], 1)]
+    locations = bug.locations
+    if locations:
+        data["locations"] = [_location(locations[0])]
+        if len(locations) > 1:
+            data["relatedLocations"] = [{"id": number, **_location(where)} for number, where in enumerate(locations[1:], 1)]
     return data
 
 
