@@ -3,7 +3,16 @@ kvfuzz_device, kvfuzz_entry and the Hypothesis profiles (ci by default)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+from fuzz.targets.releases import gpu_driver_present
+
+if "TRITON_INTERPRET" not in os.environ and not gpu_driver_present():
+    # As in kvfuzz's workers (fuzz/targets/releases.py): the in-process target's Triton cache writes and zeroers then run
+    # under Triton's interpreter, which reads this before its first import.
+    os.environ["TRITON_INTERPRET"] = "1"
 
 from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend
 from fuzz.targets.base import BackendInfo, TargetInfo

@@ -4,7 +4,6 @@ vLLM's terms, the rows of `kvfuzz explain` that differ, the reproducer); kvfuzz'
 job as kvfuzz's, with the traceback."""
 
 import json
-import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -297,19 +296,20 @@ def test_kvfuzz_s_own_error_after_the_target_started_is_reported_in_the_result(m
             run.run_ci(options, out)
 
 
-def test_target_processes_do_not_import_vllm_from_the_working_directory(tmp_path):
+def test_target_processes_do_not_import_vllm_from_the_working_directory(tmp_path, monkeypatch):
     """`kvfuzz ci` runs from a vLLM clone: a target started there (python -m) must import its own vLLM, not the clone's."""
-    from fuzz.ci.run import _no_imports_from_cwd
+    from fuzz.targets.releases import resolve, worker_environment
 
     (tmp_path / "vllm").mkdir()
     (tmp_path / "vllm" / "__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path)
     where = "import importlib.util as u; spec = u.find_spec('vllm'); print(spec.origin if spec else None)"
-    with _no_imports_from_cwd():
-        found = subprocess.run([sys.executable, "-c", where], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    env = worker_environment(resolve("installed"))
+    found = subprocess.run([sys.executable, "-c", where], capture_output=True, text=True, check=True, env=env).stdout
     assert str(tmp_path) not in found
-    leaked = subprocess.run([sys.executable, "-c", where], cwd=tmp_path, capture_output=True, text=True, check=True,
-                            env={k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}).stdout
-    assert str(tmp_path) in leaked  # what the guard prevents
+    env.pop("PYTHONSAFEPATH")
+    leaked = subprocess.run([sys.executable, "-c", where], capture_output=True, text=True, check=True, env=env).stdout
+    assert str(tmp_path) in leaked  # what the environment prevents
 
 
 def test_the_reproducer_offers_the_standalone_test_where_kvfuzz_can_export_one():

@@ -84,13 +84,14 @@ def test_cpu_mla_writes_at_the_contract_positions(kvfuzz_target):
     assert (landed_bytes(token) == want.offsets).all()
 
 
-@pytest.mark.parametrize("layout", ["LBHNC", "BLHNC"])
-def test_layers_that_differ_in_heads_write_their_own_heads(kvfuzz_target, layout):
+# Each backend on a layout it accepts: CPU_ATTN takes LBHNC only; Triton's write (under the interpreter) any layout.
+@pytest.mark.parametrize(("backend", "layout"), [("CPU_ATTN", "LBHNC"), ("TRITON_ATTN", "BLHNC")])
+def test_layers_that_differ_in_heads_write_their_own_heads(kvfuzz_target, backend, layout):
     """A UniformTypeKVCacheSpecs group (0.29+): each layer's tokens carry that layer's KV heads, every one landing in its
     own head of its own layer's block."""
     if not kvfuzz_target.info.contract.layout_placed:
         pytest.skip("layers that differ in heads are drawn from vLLM 0.29")
-    base = case_for("CPU_ATTN", "full", layout, 32, 32)
+    base = case_for(backend, "full", layout, 32, 32)
     group = dataclasses.replace(base.groups[0], layer_heads=(1, 3))
     case = dataclasses.replace(base, groups=(group,), packing="uniform_type")
     result, records = probed(kvfuzz_target, case)

@@ -108,7 +108,7 @@ class Pool:
         command = [sys.executable, "-m", "fuzz.campaign.worker", str(self.folder / "socket"), str(os.getpid()), str(self.max_memory)]
         with open(self.folder / "zygote.log", "wb") as log:
             self.zygote = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                                           start_new_session=True)
+                                           start_new_session=True, cwd=self.folder)  # never the caller's folder (worker_environment)
         deadline = time.monotonic() + self.start_timeout
         what = "the target process did not start"
         self.control = self._accept(deadline, self.start_timeout, what)

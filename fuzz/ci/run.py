@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -52,8 +49,7 @@ def run_ci(options: CiOptions, out: TextIO) -> CiResult:
     kept = list(store.entries(findings)) if findings.exists() else []
     results: list[CiResult] = []  # the result once the target runs: kvfuzz's own error after that is reported in it
     try:
-        with _no_imports_from_cwd():
-            _run(options, source, baseline, shipped, kept, results, out)
+        _run(options, source, baseline, shipped, kept, results, out)
     except Exception as error:  # noqa: BLE001 - only kvfuzz's own errors are kept, the rest raised again below
         if not results or (isinstance(error, KvfuzzError) and not isinstance(error, InternalError)):
             raise
@@ -80,22 +76,6 @@ def _run(options: CiOptions, source: TargetSource, baseline: TargetSource | None
     if result.checked:
         _check(result, options, source, baseline, out)
         record_verdicts(result, options.corpus)
-
-
-@contextmanager
-def _no_imports_from_cwd() -> Iterator[None]:
-    """Target processes start as `python -m`, which puts the working directory first on sys.path: run from a vLLM clone
-    (as the workflow runs it), every target, the baseline included, would import the clone's vllm/ and each failure the
-    change introduced would look pre-existing. PYTHONSAFEPATH (Python 3.11+) leaves the working directory out."""
-    before = os.environ.get("PYTHONSAFEPATH")
-    os.environ["PYTHONSAFEPATH"] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("PYTHONSAFEPATH", None)
-        else:
-            os.environ["PYTHONSAFEPATH"] = before
 
 
 def _failure(error: Exception) -> InternalFailure:

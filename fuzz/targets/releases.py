@@ -130,6 +130,10 @@ def worker_environment(source: TargetSource, base: Mapping[str, str] | None = No
         rest = [part for part in env.get("PYTHONPATH", "").split(os.pathsep) if part]
         env["PYTHONPATH"] = os.pathsep.join([str(source.python_path), *rest])
     env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # Target processes start as `python -m`, which puts the working directory first on sys.path: run from a vLLM clone,
+    # every target (a baseline, a release, the installed vLLM) would import the clone's vllm/ instead of its own.
+    # Python 3.11+ leaves it out with this; the campaign pool also starts its processes in a folder of its own (3.10).
+    env["PYTHONSAFEPATH"] = "1"
     # vLLM keeps what it learns of a model class (the model-info cache) under one name for every release, so releases
     # that share a model file overwrite each other's entries and each start pays seconds re-inspecting the model in a
     # subprocess. A cache folder per source keeps each one warm.
