@@ -12,8 +12,10 @@ pytest.importorskip("vllm")
 
 
 def start(corpus, report, *extra):
+    # A fixed ratio of deeper checks: the schedule runs them by time, so a rerun of the same cases could run others.
     return subprocess.Popen([sys.executable, "-m", "fuzz.cli", "run", "--device", "cpu", "--seed", "2", "--corpus", str(corpus),
-                             "--report", str(report), *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--consumers-every", "8", "--report", str(report), *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
 
 
 def test_sigint_flushes_the_report_and_a_rerun_resumes(tmp_path):

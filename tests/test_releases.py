@@ -13,7 +13,16 @@ import pytest
 
 from fuzz.errors import TargetError
 from fuzz.targets import releases
-from fuzz.targets.releases import TargetSource, cache_root, cached_versions, gpu_driver_present, releases_between, resolve, worker_environment
+from fuzz.targets.releases import (
+    TargetSource,
+    cache_root,
+    cached_versions,
+    gpu_driver_present,
+    releases_between,
+    resolve,
+    vllm_state_folder,
+    worker_environment,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE = "9.8.7"
@@ -75,7 +84,12 @@ def test_installed_adds_no_path():
     assert source == TargetSource("installed", "installed", None, None)
     assert source.label == "installed"
     env = worker_environment(source, {"PYTHONPATH": "/elsewhere", "TRITON_INTERPRET": "0"})
-    assert env == {"PYTHONPATH": "/elsewhere", "VLLM_LOGGING_LEVEL": "ERROR", "TRITON_INTERPRET": "0"}
+    # Besides the path: vLLM's logging, the working directory off the path, and vLLM's caches in a folder of the target's.
+    assert env == {"PYTHONPATH": "/elsewhere", "VLLM_LOGGING_LEVEL": "ERROR", "TRITON_INTERPRET": "0", "PYTHONSAFEPATH": "1",
+                   "VLLM_CACHE_ROOT": str(vllm_state_folder(source))}
+    release = TargetSource("0.22.0", "release", "0.22.0", Path("/cache/0.22.0"))
+    checkout = TargetSource("/src", "checkout", None, Path("/src"))
+    assert len({vllm_state_folder(s) for s in (source, release, checkout)}) == 3  # one folder each: no entry shared
 
 
 def test_triton_interprets_where_no_gpu_driver_is_loaded():

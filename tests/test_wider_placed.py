@@ -27,7 +27,8 @@ SPEC = SpecCase(kind="full", block_size=32, num_kv_heads=1, head_size=64, dtype=
 
 
 def differing(layout: str = "LBNHC", heads: tuple[int, ...] = (1, 2, 1), blocks: int = 2, sharing: dict[str, str] | None = None) -> Case:
-    group = GroupCase(spec=SPEC, layers=tuple(f"l{i}" for i in range(len(heads))), backend="CPU_ATTN", kernel_block_size=32,
+    # TRITON_ATTN takes every layout (CPU_ATTN only LBHNC), and its views are built on the CPU too.
+    group = GroupCase(spec=SPEC, layers=tuple(f"l{i}" for i in range(len(heads))), backend="TRITON_ATTN", kernel_block_size=32,
                       layer_heads=heads)
     return Case(groups=(group,), num_blocks=blocks, layout=layout, packing="uniform_type",
                 kv_sharing=tuple(sorted((sharing or {}).items())))
@@ -114,7 +115,7 @@ def test_rocm_allocation_on_vllm(kvfuzz_target, kvfuzz_device):
         pytest.skip("this vLLM's allocation asks no platform question")
     # One 1-head layer of 3 blocks: 3 * 8192 bytes, 24576, is 6 pages of 4096; 5 blocks of a 2-byte-head layer are not.
     odd = Case(groups=(GroupCase(spec=dataclasses.replace(SPEC, head_size=3), layers=("l0",), backend="CPU_ATTN", kernel_block_size=32),),
-               num_blocks=5, layout="LBNHC", platform="rocm")
+               num_blocks=5, layout="LBHNC", platform="rocm")  # the layout CPU_ATTN takes
     result = run_case(kvfuzz_target, odd, kvfuzz_device)
     assert result.verdict.status == "pass", result.verdict
     laid_out = 5 * 32 * 6 * 2
