@@ -176,7 +176,24 @@ def _parser() -> argparse.ArgumentParser:
     surface.add_argument("--seed", type=int, default=0)
     surface.add_argument("--json", action="store_true", help="print the map as JSON")
     _ci_parser(sub, target_options)
+    _export_parsers(sub)
     return parser
+
+
+def _export_parsers(sub: Any) -> None:
+    export = sub.add_parser("export", help="corpus findings as standalone pytest modules for vLLM's own tests (vllm and torch only)")
+    export.add_argument("findings", nargs="+", metavar="FINDING",
+                        help="corpus finding files or folders, or 'corpus' for every finding shipped with kvfuzz")
+    export.add_argument("--out", type=Path, required=True, help="folder to write the test modules to")
+    export.add_argument("--vllm", default=None,
+                        help="ask this vLLM (a release, 'installed' or a checkout) which layouts backends declare, for each "
+                             "finding's reach; default: not asked (undeclared assumed)")
+    report = sub.add_parser("report", help="a corpus finding as a Markdown issue draft for vLLM")
+    report.add_argument("finding", type=Path, metavar="FINDING", help="a corpus finding file")
+    report.add_argument("--vllm", default=None, help="the vLLM to explain it on (default: the newest release it affects)")
+    report.add_argument("--output", type=Path, help="write the draft here (default: print it)")
+    report.add_argument("--case-timeout", type=_positive(float), default=60.0, help="seconds the case may run")
+    report.add_argument("--no-test", action="store_true", help="do not run the exported test on that vLLM")
 
 
 def _nonnegative_float(value: str) -> float:
@@ -221,12 +238,13 @@ def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout, stderr: Tex
     args.started = started
     from fuzz import commands
     from fuzz.campaign import stop
+    from fuzz.export.command import export_command, report_command
     from fuzz.mutate.command import mutate as mutate_command
     from fuzz.surface.command import surface as surface_command
 
     handlers = {"run": commands.run, "replay": commands.replay, "explain": commands.explain, "minimize": commands.shrink,
                 "bisect": commands.bisect, "bench": commands.bench, "selftest": commands.selftest, "ci": commands.ci, "mutate": mutate_command,
-                "surface": surface_command}
+                "surface": surface_command, "export": export_command, "report": report_command}
     # The atheris engine handles Ctrl-C itself (its fuzzing child is no pool of ours).
     atheris = args.command == "run" and args.engine == "atheris"
     with contextlib.nullcontext() if atheris else stop.handling():

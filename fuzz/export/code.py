@@ -1,0 +1,138 @@
+"""Pieces every exported test module shares: the case's configuration as vLLM constructor calls, the
+config fixture, byte-offset helpers and the module's docstring."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from dataclasses import dataclass, field
+
+from fuzz.case import Case, GroupCase, SpecCase
+from fuzz.export.finding import FindingFile
+from fuzz.export.reach import Reach
+
+SPEC_CLASSES = {"full": "FullAttentionSpec", "mla": "MLAAttentionSpec", "sliding_window": "SlidingWindowSpec"}
+# Case fields an exported spec carries, and their defaults (a field away from its default needs a template that knows it).
+PLAIN_DEFAULTS = {"page_size_padded": None, "alignment": None, "compress_ratio": 1, "model_version": None, "attention_chunk_size": None,
+                  "sink_len": None, "num_head_slots": None, "state_content_bytes": None, "block_stride_alignment": None,
+                  "block_stride_multiple_of": None, "rope_dim": None, "topk_buffer_width": None, "is_draft": False}
+
+
+class NoTemplate(Exception):
+    """The finding has no exporter yet: why, one line."""
+
+
+@dataclass
+class Module:
+    """An exported test module as it is assembled: the vLLM names it imports, then its parts in order."""
+
+    names: set[str] = field(default_factory=set)
+    parts: list[str] = field(default_factory=list)
+    title: str = ""  # what the test checks, one sentence (an issue's title)
+
+    def add(self, text: str, *names: str) -> None:
+        self.parts.append(textwrap.dedent(text).strip("\n"))
+        self.names.update(names)
+
+
+def layer_name(index: int) -> str:
+    return f"model.layers.{index}.self_attn.attn"
+
+
+def layer_names(case: Case) -> dict[str, str]:
+    """The case's layer names (sharing layers last) as vLLM names a model's attention layers."""
+    ordered = case.layer_names + [sharer for sharer, _ in case.kv_sharing]
+    return {name: layer_name(index) for index, name in enumerate(ordered)}
+
+
+def spec_call(spec: SpecCase, num_kv_heads: int | None = None) -> str:
+    """The case's spec as a vLLM spec constructor call with literal arguments."""
+    cls = SPEC_CLASSES.get(spec.kind)
+    if cls is None:
+        raise NoTemplate(f"no exporter builds {spec.kind} specs yet")
+    unusual = [name for name, default in PLAIN_DEFAULTS.items() if getattr(spec, name) != default]
+    if unusual or spec.mamba_shapes or spec.kv_quant_mode != "none" or spec.registered_cache_dtype:
+        raise NoTemplate(f"no exporter carries spec field(s) {', '.join(unusual) or 'kv_quant_mode'} yet")
+    args = [f"block_size={spec.block_size}", f"num_kv_heads={num_kv_heads or spec.num_kv_heads}", f"head_size={spec.head_size}",
+            f"dtype=torch.{spec.dtype}"]
+    if spec.head_size_v is not None:
+        args.append(f"head_size_v={spec.head_size_v}")
+    if spec.sliding_window is not None:
+        args.append(f"sliding_window={spec.sliding_window}")
+    if spec.kind == "mla":
+        args.append(f"cache_dtype_str={json.dumps(spec.cache_dtype)}")
+    elif spec.cache_dtype != "auto":
+        raise NoTemplate(f"no exporter stores cache dtype {spec.cache_dtype} yet")
+    return f"{cls}({', '.join(args)})"
+
+
+def one_group(case: Case) -> GroupCase:
+    if len(case.groups) != 1 or not case.groups[0].backend:
+        raise NoTemplate("no exporter builds models of several KV-cache groups (or without a shipped backend) yet")
+    return case.groups[0]
+
+
+def docstring(finding: FindingFile, reach: Reach | None, what: str) -> str:
+    affected = ", ".join(finding.affected) or "?"
+    lines = [f"Regression test for kvfuzz finding {finding.signature_id}: {what}", "",
+             f"kvfuzz signature: {finding.signature}", f"Releases affected: {affected}"]
+    if reach is not None:
+        lines.append(f"Reach: {reach.kind} ({reach.why})")
+    lines += [f"Case: {finding.path.name} in kvfuzz's corpus", "",
+              "Standalone: needs vllm, torch and pytest only. It fails while the bug is there."]
+    wrapped = [textwrap.fill(line, 110, subsequent_indent="    " if line.startswith("kvfuzz") else "", break_long_words=False)
+               for line in lines]
+    return '"""' + "\n".join(wrapped) + '\n"""'
+
+
+CONFIG_FIXTURE = '''
+    @pytest.fixture
+    def vllm_config(monkeypatch):
+        # Only KV-cache bookkeeping runs here, no kernel of the platform's: keep a platform that lacks its kernels on
+        # this machine (x86 CPUs without triton-cpu) from refusing the config.
+        monkeypatch.setattr(type(current_platform), "check_and_update_config", classmethod(lambda cls, config: None))
+        config = VllmConfig()
+        config.cache_config.num_gpu_blocks_override = NUM_BLOCKS
+        with set_current_vllm_config(config):
+            yield config
+'''
+
+BYTE_HELPERS = '''
+    def byte_offsets(tensor):
+        """The bytes the tensor's elements occupy, as offsets from the start of its storage."""
+        size = tensor.element_size()
+        elements = torch.arange(tensor.untyped_storage().nbytes() // size)
+        index = elements.as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
+        return {i * size + k for i in index.flatten().tolist() for k in range(size)}
+
+
+    def runs(offsets):
+        """A set of byte offsets as [start, end) runs, for messages."""
+        found = []
+        for offset in sorted(offsets):
+            if found and found[-1][1] == offset:
+                found[-1][1] += 1
+            else:
+                found.append([offset, offset + 1])
+        return [tuple(run) for run in found]
+
+
+    def block_rows(view, block):
+        """Manager block `block` of a view whose first axis counts blocks (kernel blocks, several per manager block)."""
+        per_block = view.shape[0] // NUM_BLOCKS
+        return view[block * per_block:(block + 1) * per_block]
+'''
+
+
+def layout_lines(backends: str, specs: str, override: str | None) -> str:
+    """The layout as vLLM's engine core resolves it for the backends (with the override the reach names)."""
+    lines = []
+    if override:
+        lines.append(f'monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "{override}")')
+    lines += [f"supported = [layout.name for layout in get_supported_kv_cache_layouts({backends})]",
+              f"layout = resolve_kv_cache_layout(vllm_config, [supported], {specs})"]
+    return "\n".join(lines)
+
+
+def indent(text: str, spaces: int = 4) -> str:
+    return textwrap.indent(text, " " * spaces)

@@ -1,0 +1,83 @@
+"""Where an exported test imports each vLLM name from, and the import block it writes.
+
+A name that moved between releases lists its modules newest first; the test tries them in that order, so one
+module runs on every release a finding affects.
+"""
+
+from __future__ import annotations
+
+WORKER_UTILS = "vllm.v1.worker.utils"
+INTERFACE = "vllm.v1.kv_cache_interface"
+BACKEND_UTILS = "vllm.v1.attention.backends.utils"
+
+WHERE: dict[str, tuple[str, ...]] = {
+    "VllmConfig": ("vllm.config",),
+    "set_current_vllm_config": ("vllm.config",),
+    "current_platform": ("vllm.platforms",),
+    "register_kv_cache_dtype": ("vllm.config.cache",),
+    "AttentionBackendEnum": ("vllm.v1.attention.backends.registry",),
+    "get_supported_kv_cache_layouts": (BACKEND_UTILS,),
+    "resolve_kv_cache_layout": (BACKEND_UTILS,),
+    "get_kv_cache_config_from_groups": ("vllm.v1.core.kv_cache_planning", "vllm.v1.core.kv_cache_utils"),
+    "FullAttentionSpec": (INTERFACE,),
+    "MLAAttentionSpec": (INTERFACE,),
+    "SlidingWindowSpec": (INTERFACE,),
+    "KVCacheGroupSpec": (INTERFACE,),
+    "UniformTypeKVCacheSpecs": (INTERFACE,),
+    "KVQuantMode": (INTERFACE,),
+    "get_kv_quant_mode": (INTERFACE,),
+    "AttentionGroup": (WORKER_UTILS,),
+    "add_kv_sharing_layers_to_kv_cache_groups": (WORKER_UTILS,),
+    "allocate_kv_cache": (WORKER_UTILS,),
+    "customize_attention_spec": (WORKER_UTILS,),
+    "map_kv_caches_to_kernel_blocks": (WORKER_UTILS,),
+    "prepare_kernel_block_sizes": (WORKER_UTILS,),
+    "OffloadingConnectorWorker": ("vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker",),
+}
+
+# Names older releases lack, with the definition the test falls back to there.
+SHIMS: dict[str, list[str]] = {
+    "customize_attention_spec": ["    def customize_attention_spec(backend, spec):  # vLLM 0.29: backends customize their own spec",
+                                 "        return backend.customize_spec(spec)"],
+}
+# Names only some releases have: the test skips (with this reason) where the name is missing.
+OPTIONAL: dict[str, str] = {
+    "register_kv_cache_dtype": "the dtype-handler registry (vLLM 0.33+)",
+}
+
+
+def import_block(names: set[str], stdlib: tuple[str, ...] = ()) -> str:
+    """The standard modules in `stdlib`, pytest, torch and the vLLM imports `names` need, grouped by module, sorted."""
+    lines = [f"import {name}" for name in sorted(stdlib)] + ([""] if stdlib else []) + ["import pytest", "import torch", ""]
+    plain: dict[str, list[str]] = {}
+    moved: list[str] = []
+    for name in sorted(names):
+        modules = WHERE[name]
+        if len(modules) == 1 and name not in OPTIONAL and name not in SHIMS:
+            plain.setdefault(modules[0], []).append(name)
+        else:
+            moved.append(name)
+    for module in sorted(plain):
+        members = sorted(plain[module])
+        one_line = f"from {module} import {', '.join(members)}"
+        if len(one_line) <= 100:
+            lines.append(one_line)
+        else:
+            lines += [f"from {module} import ("] + [f"    {member}," for member in members] + [")"]
+    for name in moved:
+        lines += [""] + _fallbacks(name)
+    return "\n".join(lines)
+
+
+def _fallbacks(name: str) -> list[str]:
+    modules = WHERE[name]
+    if name in OPTIONAL:
+        return ["try:", f"    from {modules[0]} import {name}", "except ImportError:",
+                f"    pytest.skip(\"{OPTIONAL[name]} is not in this vLLM\", allow_module_level=True)"]
+    lines = [f"try:  # {name} lives in {modules[0]} in newer releases" if len(modules) > 1 else "try:"]
+    lines.append(f"    from {modules[0]} import {name}")
+    for module in modules[1:]:
+        lines += ["except ImportError:", f"    from {module} import {name}"]
+    if name in SHIMS:
+        lines += ["except ImportError:", *SHIMS[name]]
+    return lines

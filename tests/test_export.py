@@ -1,0 +1,183 @@
+"""`kvfuzz export` and `kvfuzz report`: standalone regression tests for vLLM, issue drafts and the reach class."""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from fuzz.cli import main
+from fuzz.export.code import NoTemplate
+from fuzz.export.finding import read_finding
+from fuzz.export.fixes import FIXES, patched_tree
+from fuzz.export.reach import reach_of
+from fuzz.export.report import Evidence, draft
+from fuzz.export.templates import export
+from fuzz.targets import releases
+
+FINDINGS = Path(__file__).resolve().parent.parent / "corpus" / "findings"
+# FINDINGS.md number -> corpus file.
+CASES = {10: "d12a95e7e436-8b1b57b9bc44668c", 18: "047a3fda9528-b920c268ecdc4248", 19: "bd18d3902f47-37407a51f908b8f4",
+         25: "b2cc6e50a21b-8a6683f4aefc2443"}
+# What vLLM 0.34.0's backends declare (supported_kv_cache_layouts), as a release reports them.
+LAYOUTS_034 = {"CPU_ATTN": ("LBHNC",), "ROCM_SEGMENTED_ATTN": ("LHBNC", "LBHNC"), "CPU_MLA": None}
+ALLOWED_IMPORTS = {"sys", "types", "pytest", "torch", "vllm"}
+
+
+def finding(number: int):
+    return read_finding(FINDINGS / f"{CASES[number]}.json")
+
+
+def exported(number: int):
+    found = finding(number)
+    return export(found, reach_of(found.case, found.meta, LAYOUTS_034))
+
+
+def imported_roots(source: str) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            roots.add((node.module or "").split(".")[0])
+    return roots
+
+
+@pytest.mark.parametrize("number", sorted(CASES))
+def test_exported_module_is_python_that_imports_only_vllm_and_torch(number):
+    source = exported(number).source
+    assert imported_roots(source) <= ALLOWED_IMPORTS
+    assert "fuzz" not in imported_roots(source) and "oracles" not in imported_roots(source)
+    tests = [node.name for node in ast.parse(source).body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
+    assert len(tests) == 1
+    assert source.startswith('"""Regression test for kvfuzz finding')
+
+
+def test_exported_modules_carry_the_case_as_literals():
+    region = exported(18).source
+    assert "FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=16, dtype=torch.bfloat16)" in region
+    assert 'monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "LHBNC")' in region
+    assert 'BACKEND = "ROCM_SEGMENTED_ATTN"' in region and "NUM_BLOCKS = 1" in region
+    sharing = exported(25).source
+    assert "UniformTypeKVCacheSpecs(block_size=32" in sharing and "num_kv_heads=2" in sharing
+    assert "SHARED_LAYERS = {" in sharing and "VLLM_KV_CACHE_LAYOUT" not in sharing  # CPU_ATTN's own layout
+    write = exported(19).source
+    assert "MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16, cache_dtype_str=\"auto\")" in write
+    assert "BLOCK, POSITION = 1, 3" in write
+    quant = exported(10).source
+    assert 'CACHE_DTYPE = "kvfuzz_int8_custom"' in quant and "return KVQuantMode.CUSTOM" in quant
+
+
+def test_reach_classes():
+    kinds = {number: reach_of(finding(number).case, finding(number).meta, LAYOUTS_034) for number in CASES}
+    assert kinds[10].kind == "latent"
+    assert kinds[18].kind == "flag" and kinds[18].overrides == ("VLLM_KV_CACHE_LAYOUT=LHBNC",)
+    assert kinds[19].kind == "flag" and kinds[19].overrides == ("VLLM_KV_CACHE_LAYOUT=BLNHC",)
+    assert kinds[25].kind == "deployment" and kinds[25].settings  # the offloading connector is switched on, not an override
+    # A layout the backend does not declare is refused by vLLM's layout resolution before the code runs.
+    refused = reach_of(finding(25).case, finding(25).meta, {"CPU_ATTN": ("LBNHC",)})
+    assert refused.kind == "latent"
+
+
+def test_a_kind_without_a_template_says_so():
+    zero = read_finding(FINDINGS / "0e0bf1928823-4abcfb92acb7f4e1.json")
+    with pytest.raises(NoTemplate, match="no exporter for zero-miss"):
+        export(zero, None)
+
+
+def test_export_command(tmp_path):
+    out = io.StringIO()
+    status = main(["export", str(FINDINGS / f"{CASES[18]}.json"), str(FINDINGS / "0e0bf1928823-4abcfb92acb7f4e1.json"),
+                   "--out", str(tmp_path / "tests")], stdout=out)
+    assert status == 0
+    lines = out.getvalue().splitlines()
+    assert any("not exported: no exporter for zero-miss" in line for line in lines)
+    assert [p.name for p in (tmp_path / "tests").iterdir()] == ["test_kvfuzz_047a3fda9528_b920c268.py"]
+    # Nothing exported: exit 1, one line per finding.
+    assert main(["export", str(FINDINGS / "0e0bf1928823-4abcfb92acb7f4e1.json"), "--out", str(tmp_path / "none")], stdout=io.StringIO()) == 1
+
+
+def test_export_and_report_refuse_bad_input_in_one_line(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    for argv in (["export", str(tmp_path / "missing.json"), "--out", str(tmp_path)], ["report", str(bad)],
+                 ["report", str(tmp_path / "missing.json")]):
+        err = io.StringIO()
+        assert main(argv, stdout=io.StringIO(), stderr=err) == 2
+        assert len(err.getvalue().strip().splitlines()) == 1 and err.getvalue().startswith("kvfuzz: error: ")
+    not_a_finding = tmp_path / "case.json"
+    not_a_finding.write_text(json.dumps({"groups": [], "num_blocks": 1}))
+    assert main(["report", str(not_a_finding)], stdout=io.StringIO(), stderr=io.StringIO()) == 2
+
+
+def test_report_sections():
+    found = finding(18)
+    reach = reach_of(found.case, found.meta, LAYOUTS_034)
+    module = export(found, reach)
+    evidence = Evidence("0.34.0", "full/ROCM_SEGMENTED_ATTN/LHBNC ...", "fail", ("AssertionError: block 0: the region misses bytes",))
+    text = draft(found, reach, module, module.title, evidence)
+    for heading in ("# [Bug]: ", "## Releases affected", "## Reach", "## Configuration", "## Expected and actual", "## Proposed fix",
+                    "## Regression test", "## Reproduce with kvfuzz"):
+        assert heading in text
+    assert "0.32.0, 0.33.0, 0.34.0" in text and "**flag**" in text and "`VLLM_KV_CACHE_LAYOUT=LHBNC`" in text
+    assert "OffloadingConnector" in text and module.source.strip() in text and "```diff" in text
+
+
+def _release_tree(version: str) -> Path:
+    try:
+        source = releases.resolve(version, fetch=False)
+    except Exception:  # noqa: BLE001 - not in the cache: the check needs it
+        pytest.skip(f"vLLM {version} is not in kvfuzz's release cache")
+    assert source.python_path is not None
+    return source.python_path
+
+
+@pytest.mark.slow
+@pytest.mark.releases
+@pytest.mark.parametrize("number", sorted(CASES))
+def test_exported_test_fails_on_034_and_passes_with_the_fix(number, tmp_path):
+    """Each exported module, in a process without kvfuzz: it fails on 0.34.0 (affected) and passes on 0.34.0 with
+    kvfuzz's proposed fix (no release fixes these)."""
+    from fuzz.export.isolated import run_isolated
+
+    tree = _release_tree("0.34.0")
+    module = exported(number)
+    path = tmp_path / module.file_name
+    path.write_text(module.source)
+    broken = run_isolated(path, tree)
+    assert broken.outcome == "fail", broken.output[-3000:]
+    assert "is importable" not in broken.output
+    fixed = run_isolated(path, patched_tree(tree, FIXES[module.finding.signature_id], tmp_path / "fixed"))
+    assert fixed.outcome == "pass", fixed.output[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("number", [18, 19, 25])
+def test_exported_test_fails_on_the_installed_vllm(number, tmp_path):
+    """Findings that affect the installed vLLM (0.32.0) fail there too, run without kvfuzz on the path."""
+    import vllm
+
+    from fuzz.export.isolated import run_isolated
+
+    found = finding(number)
+    if vllm.__version__ not in found.affected:
+        pytest.skip(f"finding {number} does not affect vLLM {vllm.__version__}")
+    module = exported(number)
+    path = tmp_path / module.file_name
+    path.write_text(module.source)
+    run = run_isolated(path, None)
+    assert run.outcome == "fail", run.output[-3000:]
+
+
+def test_isolated_run_cannot_import_kvfuzz(tmp_path):
+    from fuzz.export.isolated import run_isolated
+
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("import importlib.util\n\n\ndef test_no_kvfuzz():\n    assert importlib.util.find_spec('fuzz') is None\n")
+    run = run_isolated(probe, None, timeout=120)
+    assert run.outcome == "pass", run.output[-2000:]
+    assert sys.executable  # the same interpreter: torch and pytest without kvfuzz
