@@ -407,8 +407,21 @@ def layout_reason(case: Case, info: TargetInfo) -> str | None:
     return None
 
 
-ZEROER_NEEDS_MAMBA = ("vLLM zeroes freed blocks only for models with Mamba layers (KVCacheConfig.needs_kv_cache_zeroing), "
-                      "never for DeepSeek V4's pages of several sizes")
+# The block zeroers (fuzz/targets/consumers.py) and when vLLM runs them: the worker builds its zeroer, and the scheduler
+# hands out blocks to zero, only when the planned KVCacheConfig says needs_kv_cache_zeroing (gpu_worker.py, scheduler.py,
+# 0.22 - 0.34). The consumers ask the config vLLM planned for the case; `zeroes` predicts it for the generator and the
+# minimizer, so zeroers are drawn only on cases vLLM zeroes.
+ZEROERS = ("zeroer", "cpu-zero", "cpu-zeroer")
+ZEROING_RULE = ("vLLM zeroes freed blocks only when KVCacheConfig.needs_kv_cache_zeroing holds: models with Mamba layers, "
+                "and from 0.28 attention caches stored at more than one precision")
+
+
+def zeroes(case: Case) -> bool:
+    """Whether vLLM's plan for the case asks for zeroing (ZEROING_RULE): a Mamba group, or attention layers of more than one
+    (storage dtype, quant mode). Releases before 0.28 count Mamba only; kvfuzz draws one precision per model there."""
+    if any(group.spec.kind == "mamba" for group in case.groups):
+        return True
+    return len({(spec.dtype, spec.kv_quant_mode) for group in case.groups for spec in group.layer_specs}) > 1
 
 
 def _page_buckets(info: TargetInfo, case: Case) -> bool:
@@ -417,13 +430,12 @@ def _page_buckets(info: TargetInfo, case: Case) -> bool:
 
 
 def _touches(source: Source, info: TargetInfo, case: Case) -> Touches:
-    """The consumers the case runs (each the target has, at least one), the blocks they zero and map, one block copy,
-    and one to three tokens for the kernel probe, positions biased to a block's first and last token."""
-    consumers = tuple(name for name in info.consumers if source.chance(50))
-    if info.consumers and not consumers:
-        consumers = (source.choice(info.consumers),)
-    if _page_buckets(info, case) and len({pages.page(g.spec).page_bytes for g in case.groups}) > 1:
-        consumers = tuple(name for name in consumers if name != "zeroer")  # ZEROER_NEEDS_MAMBA
+    """The consumers the case runs (each the target has and vLLM runs on it, at least one), the blocks they zero and map,
+    one block copy, and one to three tokens for the kernel probe, positions biased to a block's first and last token."""
+    drawable = tuple(name for name in info.consumers if name not in ZEROERS or zeroes(case))
+    consumers = tuple(name for name in drawable if source.chance(50))
+    if drawable and not consumers:
+        consumers = (source.choice(drawable),)
     last = case.num_blocks - 1
     blocks = tuple(sorted({source.integer(0, last) for _ in range(source.integer(1, 2))}))
     copies: tuple[tuple[int, int], ...] = ()
@@ -716,8 +728,8 @@ def unrealistic(case: Case, info: TargetInfo) -> str | None:
     page_sizes = {pages.page(g.spec).page_bytes for g in case.groups}
     if shaped and len(page_sizes) > 1 and not _page_buckets(info, case):
         return "pools hold one page size before 0.29"
-    if _page_buckets(info, case) and len(page_sizes) > 1 and case.touches is not None and "zeroer" in case.touches.consumers:
-        return ZEROER_NEEDS_MAMBA
+    if case.touches is not None and set(case.touches.consumers) & set(ZEROERS) and not zeroes(case):
+        return ZEROING_RULE
     if attention and any(g.spec.kind == "mamba" and len(g.layers) < max(len(a.layers) for a in attention) for g in case.groups):
         return "a Mamba group has a layer in every pool"
     return None
@@ -739,5 +751,5 @@ def buffer_bytes(case: Case) -> int:
     return case.num_blocks * sum(pages.page(spec).page_bytes for g in case.groups for spec in g.layer_specs)
 
 
-__all__ = ["DTYPE_SIZES", "RandomSource", "Rejected", "Source", "accepts", "buffer_bytes", "case_seed", "choose_kernel_block_size", "draw_case",
-           "draw_indexed", "for_run", "layer_reason", "unrealistic"]
+__all__ = ["DTYPE_SIZES", "ZEROERS", "ZEROING_RULE", "RandomSource", "Rejected", "Source", "accepts", "buffer_bytes", "case_seed",
+           "choose_kernel_block_size", "draw_case", "draw_indexed", "for_run", "layer_reason", "unrealistic", "zeroes"]

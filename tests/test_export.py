@@ -84,21 +84,21 @@ def test_reach_classes():
 
 
 def test_a_kind_without_a_template_says_so():
-    zero = read_finding(FINDINGS / "0e0bf1928823-4abcfb92acb7f4e1.json")
+    zero = read_finding(FINDINGS / "0e0bf1928823-1484f0ae90990517.json")
     with pytest.raises(NoTemplate, match="no exporter for zero-miss"):
         export(zero, None)
 
 
 def test_export_command(tmp_path):
     out = io.StringIO()
-    status = main(["export", str(FINDINGS / f"{CASES[18]}.json"), str(FINDINGS / "0e0bf1928823-4abcfb92acb7f4e1.json"),
+    status = main(["export", str(FINDINGS / f"{CASES[18]}.json"), str(FINDINGS / "0e0bf1928823-1484f0ae90990517.json"),
                    "--out", str(tmp_path / "tests")], stdout=out)
     assert status == 0
     lines = out.getvalue().splitlines()
     assert any("not exported: no exporter for zero-miss" in line for line in lines)
     assert [p.name for p in (tmp_path / "tests").iterdir()] == ["test_kvfuzz_047a3fda9528_b920c268.py"]
     # Nothing exported: exit 1, one line per finding.
-    assert main(["export", str(FINDINGS / "0e0bf1928823-4abcfb92acb7f4e1.json"), "--out", str(tmp_path / "none")], stdout=io.StringIO()) == 1
+    assert main(["export", str(FINDINGS / "0e0bf1928823-1484f0ae90990517.json"), "--out", str(tmp_path / "none")], stdout=io.StringIO()) == 1
 
 
 def test_export_and_report_refuse_bad_input_in_one_line(tmp_path):

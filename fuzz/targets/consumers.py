@@ -15,7 +15,9 @@ holds it against the bytes the oracle gives block b (oracles/touch.py):
 Zeroers and the block copy run on buffers filled with a known pattern and report the bytes that
 changed; the connector reports its regions. NIXL's register_kv_caches is not driven: its worker
 object is set up by a constructor that needs a tensor-parallel group and about thirty fields of
-transfer state, which would all have to be faked.
+transfer state, which would all have to be faked. The three zeroers run only where the config vLLM
+planned asks for zeroing, as vLLM runs them (fuzz/space.py ZEROING_RULE); elsewhere they are skipped
+with that reason.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from unittest import mock
 import torch
 
 from fuzz.case import MLA_KINDS, Touches
+from fuzz.space import ZEROING_RULE
 from fuzz.targets import readback, triton_interp
 from fuzz.targets.entry_points import Probe
 from fuzz.targets.walk import Walk
@@ -181,6 +184,13 @@ def mla_layer_class(probe: Probe) -> type | None:
 # ---------------------------------------------------------------------------------------------- zeroers
 
 
+def zeroing_needed(walk: Walk) -> None:
+    """Raises Unusable unless the config vLLM planned for the case asks for zeroing; a release whose KVCacheConfig has no
+    needs_kv_cache_zeroing runs its zeroers as before."""
+    if getattr(walk.config, "needs_kv_cache_zeroing", True) is False:
+        raise Unusable(f"{ZEROING_RULE}; this model's KVCacheConfig.needs_kv_cache_zeroing is False")
+
+
 def _zero_records(walk: Walk, touches: Touches, zero: Callable[[list[int]], None]) -> dict[str, Any]:
     blocks = []
     for block in touches.blocks:
@@ -224,6 +234,7 @@ def _zeroer(probe: Probe) -> Consumer | None:
     cls, mla = found.obj, mla_layer_class(probe)
 
     def run_zeroer(walk: Walk, touches: Touches) -> dict[str, Any]:
+        zeroing_needed(walk)
         try:
             triton_interp.runnable(found.module, ("_zero_kv_blocks_kernel",))
         except triton_interp.Unavailable as why:
@@ -241,6 +252,7 @@ def _cpu_zeroer(probe: Probe) -> Consumer | None:
     cls, mla = found.obj, mla_layer_class(probe)
 
     def run_cpu_zeroer(walk: Walk, touches: Touches) -> dict[str, Any]:
+        zeroing_needed(walk)
         zeroer = _build_zeroer(cls, walk, forward_context(walk, mla, layer_backends(walk)))
         return _zero_records(walk, touches, zeroer.zero_block_ids)
 
@@ -261,6 +273,7 @@ def _cpu_zero(probe: Probe) -> Consumer | None:
         raise Unusable(f"{found.where}._zero_block_ids reads self.{', self.'.join(sorted(reads - needs))}, which kvfuzz does not set")
 
     def run_cpu_zero(walk: Walk, touches: Touches) -> dict[str, Any]:
+        zeroing_needed(walk)
         runner = object.__new__(cls)
         runner.kv_cache_config = walk.config
         runner.compilation_config = types.SimpleNamespace(static_forward_context=forward_context(walk, mla, layer_backends(walk)))
