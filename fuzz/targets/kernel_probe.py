@@ -279,7 +279,7 @@ def _landed(raw: list[torch.Tensor], before: list[np.ndarray], dtype: torch.dtyp
     landed = np.full(count, -1, dtype=np.int64)
     stray: readback.Intervals = []
     for index, (buffer, old) in enumerate(zip(raw, before, strict=True)):
-        now = buffer.view(torch.uint8).cpu().numpy()
+        now = readback.host_bytes(buffer)
         changed = np.flatnonzero(now != old)
         if changed.size == 0:
             continue

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from fuzz.targets.readback import host_bytes
+
 CANARY = 0xA5
 _INT_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _MIX = 0x9E3779B1
@@ -58,7 +60,7 @@ def physical_probe(views: dict[str, Any], raw: list[torch.Tensor]) -> dict[str, 
             width = tensor.element_size()
             values = pattern(tensor.numel(), width, salt, tensor.device).reshape(tensor.shape)
             tensor.view(_INT_DTYPES[width]).copy_(values)
-            records.append({"buffer": index, "bytes": buffer.view(torch.uint8).cpu().numpy().copy()})
+            records.append({"buffer": index, "bytes": host_bytes(buffer)})
         readback[name] = records
     return readback
 

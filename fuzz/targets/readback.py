@@ -43,15 +43,22 @@ def pattern_slice(buffer: int, start: int, end: int) -> np.ndarray:
     return out
 
 
+def host_bytes(buffer: torch.Tensor) -> np.ndarray:
+    """A copy of the buffer's bytes on the host. Never `.numpy()` on the buffer itself: a storage numpy has shared stays
+    unresizable for good, and vLLM code run later on the same buffer (the offloading connector resizes its storage)
+    would then fail because kvfuzz looked at it."""
+    return buffer.view(torch.uint8).to("cpu", copy=True).numpy()
+
+
 def snapshot(raw: list[torch.Tensor]) -> list[np.ndarray]:
-    return [buffer.view(torch.uint8).cpu().numpy().copy() for buffer in raw]
+    return [host_bytes(buffer) for buffer in raw]
 
 
 def changed(raw: list[torch.Tensor], before: list[np.ndarray]) -> Intervals:
     """The bytes that differ from `before`, as intervals per buffer."""
     out: Intervals = []
     for index, (buffer, old) in enumerate(zip(raw, before, strict=True)):
-        now = buffer.view(torch.uint8).cpu().numpy()
+        now = host_bytes(buffer)
         out += [[index, start, end] for start, end in mask_runs(now != old)]
     return out
 
@@ -61,7 +68,7 @@ def changed_to(raw: list[torch.Tensor], before: list[np.ndarray], value: int) ->
     to_value: Intervals = []
     other: Intervals = []
     for index, (buffer, old) in enumerate(zip(raw, before, strict=True)):
-        now = buffer.view(torch.uint8).cpu().numpy()
+        now = host_bytes(buffer)
         moved = now != old
         to_value += [[index, start, end] for start, end in mask_runs(moved & (now == value))]
         other += [[index, start, end] for start, end in mask_runs(moved & (now != value))]
@@ -70,7 +77,7 @@ def changed_to(raw: list[torch.Tensor], before: list[np.ndarray], value: int) ->
 
 def values(raw: list[torch.Tensor], intervals: Intervals) -> list[str]:
     """The bytes now at each interval, hex."""
-    return [raw[b].view(torch.uint8)[s:e].cpu().numpy().tobytes().hex() for b, s, e in intervals]
+    return [host_bytes(raw[b].view(torch.uint8)[s:e]).tobytes().hex() for b, s, e in intervals]
 
 
 def runs(offsets: np.ndarray) -> list[tuple[int, int]]:
