@@ -226,6 +226,9 @@ def _ci_parser(sub: Any, target_options: Callable[[argparse.ArgumentParser], Non
     ci.add_argument("--workers", type=_workers, default="auto", help="campaign worker processes, or 'auto' (default: one per core)")
     ci.add_argument("--no-synthetic", action="store_true", help="draw only vLLM's own backends")
     ci.add_argument("--quiet", action="store_true", help="no campaign progress output")
+    ci.add_argument("--report", type=Path, help="write the run as JSON here (verdict, bugs, diff coverage, behaviour changes)")
+    ci.add_argument("--undirected", action="store_true",
+                    help="with --baseline: trace the changed lines but draw cases as without a change (measures what direction adds)")
 
 
 def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout, stderr: TextIO = sys.stderr) -> int:

@@ -394,7 +394,7 @@ def ci(args: argparse.Namespace, out: TextIO) -> int:
 
     options = CiOptions(vllm=args.vllm, baseline=args.baseline, budget=args.budget, corpus=args.corpus, device=args.device, seed=args.seed,
                         workers=_worker_count(args), synthetic=not args.no_synthetic, case_timeout=args.case_timeout,
-                        max_memory=args.max_memory * MIB, quiet=args.quiet)
+                        max_memory=args.max_memory * MIB, quiet=args.quiet, undirected=args.undirected)
     result = run_ci(options, out)
     if args.summary:
         args.summary.write_text(markdown(result))
@@ -402,5 +402,9 @@ def ci(args: argparse.Namespace, out: TextIO) -> int:
         write_sarif(args.sarif, result, __version__)
     if args.junit:
         write_junit(args.junit, result)
+    if args.report:
+        from fuzz.ci.report import write_report
+
+        write_report(args.report, result)
     print(terminal(result), file=out)
     return result.exit_status

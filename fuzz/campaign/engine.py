@@ -175,9 +175,11 @@ class CampaignOptions:
 
 class Campaign:
     def __init__(self, pool: Pool, options: CampaignOptions, progress: Callable[[Report], None] | None = None,
-                 until: Callable[[FoundRecord], bool] | None = None) -> None:
+                 until: Callable[[FoundRecord], bool] | None = None, direction: Any = None) -> None:
         """`pool`: a fuzz.campaign.pool.Pool or anything with its campaign interface (fuzz.cluster.pool.RayPool).
-        `until`: stop the campaign once a new finding satisfies it (benchmarks of time to first finding)."""
+        `until`: stop the campaign once a new finding satisfies it (benchmarks of time to first finding).
+        `direction`: a fuzz.ci.direct.Direction: workers trace the changed lines it names and draw by its policy (kvfuzz ci)."""
+        self.direction = direction
         assert pool.info is not None
         self.pool = pool
         self.info: TargetInfo = pool.info
@@ -309,7 +311,8 @@ class Campaign:
         task = {"campaign": self.id, "batch": self.batch_counter, "seed": self.options.seed, "start": self.next_index, "count": count,
                 "synthetic": self.options.synthetic, "device": self.options.device, "known": sorted(self.known),
                 "probe_every": self.options.probe_every, "probe_kind": self.options.probe_kind, "consumers_every": self.options.consumers_every,
-                "scale": self.options.scale, "max_buffer_bytes": self.options.max_buffer_bytes}
+                "scale": self.options.scale, "max_buffer_bytes": self.options.max_buffer_bytes,
+                **(self.direction.task() if self.direction is not None else {})}
         self.next_index += count
         self._hand(worker, task)
 
@@ -343,6 +346,8 @@ class Campaign:
             self.report.checks.setdefault(name, Counter()).update(tally)
         for signature, *variant in payload.get("variants", ()):
             self.report.variants.setdefault(signature, set()).add(tuple(variant))
+        if self.direction is not None and "reach" in payload:
+            self.direction.take(payload["reach"])
         mismatches = payload.get("mismatches", {})
         self.report.errors.update(mismatches)
         self._check_calls(payload["verdicts"], mismatches)
@@ -465,7 +470,10 @@ class Campaign:
             self._resume(loss.worker, task, loss.index)
             return
         try:
-            case: Case | None = draw_indexed(self.info, task["seed"], loss.index, synthetic=task["synthetic"], scale=task["scale"])
+            if task.get("changed") and self.direction is not None:  # a directed draw: the task's policy picked the case
+                case: Case | None = self.direction.redraw(self.info, task, loss.index)
+            else:
+                case = draw_indexed(self.info, task["seed"], loss.index, synthetic=task["synthetic"], scale=task["scale"])
         except Rejected:
             case = None
         record = None

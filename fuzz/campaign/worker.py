@@ -164,6 +164,7 @@ class Worker:
         self.variants: dict[str, set[tuple[str, ...]]] = {}  # per signature, the variants reported to the coordinator
         self.campaign: str | None = None
         self.schedule: Schedule | None = None  # which deeper checks run on a case, and the verdicts of keys judged (per campaign)
+        self.reach: Any = None  # fuzz.ci.direct.WorkerReach, when the task names changed functions to trace (kvfuzz ci)
 
     def serve(self) -> None:
         while True:
@@ -192,7 +193,7 @@ class Worker:
     def fuzz(self, task: dict[str, Any]) -> None:
         """Cases start .. start+count-1 of the campaign, each drawn from (seed, index) alone."""
         if task.get("campaign") != self.campaign:  # a worker outlives campaigns: forget the last one's findings
-            self.campaign, self.known, self.variants, self.schedule = task.get("campaign"), set(), {}, None
+            self.campaign, self.known, self.variants, self.schedule, self.reach = task.get("campaign"), set(), {}, None, None
         self.known.update(task.get("known", ()))
         tallies: dict[str, Counter[str]] = {"verdicts": Counter(), "rejections": Counter(), "skips": Counter(), "errors": Counter(),
                                             "mismatches": Counter()}
@@ -207,11 +208,15 @@ class Worker:
         consumers_every = task.get("consumers_every", 0)
         if self.schedule is None:
             self.schedule = Schedule(getattr(self.target, "deeper_checks", tuple)())
+        reach = self._reach(task)
         for index in range(task["start"], task["start"] + task["count"]):
             self.slot.start(batch, index)
             scale = task.get("scale", "small")
             try:
-                case = draw_indexed(info, task["seed"], index, synthetic=task["synthetic"], scale=scale, touches=True)
+                if reach is None:
+                    case = draw_indexed(info, task["seed"], index, synthetic=task["synthetic"], scale=scale, touches=True)
+                else:
+                    case = reach.draw(info, task, index)
             except Rejected:
                 tallies["verdicts"]["unbuildable"] += 1
                 continue
@@ -229,6 +234,8 @@ class Worker:
             device = "meta" if scale == "production" and not probe else task["device"]
             trace: str | None = None  # the traceback of kvfuzz's own error
             ran_from = time.perf_counter()
+            if reach is not None:
+                reach.start()
             try:
                 if plan is None:
                     result = run_case(self.target, case, device, probe=probe)
@@ -245,6 +252,9 @@ class Worker:
             else:
                 # A drawn case that vLLM derives differently from the generator is the generator's bug.
                 message = f"case error: {result.verdict.reason}"[:200] if result.verdict.status == "case-error" else None
+            finally:
+                if reach is not None:
+                    reach.stop(index, case)
             if result is None or message is not None:
                 tallies["verdicts"]["internal-error"] += 1
                 tallies["errors"][message] += 1
@@ -267,7 +277,19 @@ class Worker:
         protocol.send(self.conn, protocol.BATCH, {"batch": batch, "done": task["count"], "elapsed": time.monotonic() - began,
                                                   "internal": list(internal.values()), "variants": variants,
                                                   "checks": self.schedule.take_tallies(),
+                                                  **({"reach": reach.report()} if reach is not None else {}),
                                                   **{k: dict(v) for k, v in tallies.items()}})
+
+    def _reach(self, task: dict[str, Any]) -> Any:
+        """The changed lines' tracer and directed draws for this batch (None: the task names no changed functions)."""
+        if not task.get("changed"):
+            return None
+        if self.reach is None:
+            from fuzz.ci.direct import WorkerReach
+
+            self.reach = WorkerReach(task["changed"])
+        self.reach.begin()
+        return self.reach
 
     def _report(self, batch: int, index: int, case: Any, finding: dict[str, Any], device: str, shrink_until: float) -> None:
         """Hand a new finding to the coordinator, wait until it is on disk, then shrink it here."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.case import Case, dumps
+from fuzz.ci.diff import ChangedFunction, ranges_text
 from fuzz.verdict.findings import Finding, variants_of
 
 # How a checked failure ends. Only the first two fail the job.
@@ -154,6 +155,88 @@ def _traceback_in(case_file: str | None) -> str | None:
 
 
 @dataclass
+class FunctionCoverage:
+    """One changed function: which of its changed lines the cases executed, and how many cases did."""
+
+    function: ChangedFunction
+    executed: tuple[int, ...]
+    cases: int | None  # None: import-time code, run when vLLM is imported rather than by a case
+
+    @property
+    def unexercised(self) -> tuple[int, ...]:
+        return tuple(line for line in self.function.lines if line not in self.executed)
+
+    def to_dict(self) -> dict[str, Any]:
+        f = self.function
+        return {"path": f.path, "function": f.qualname, "start_line": f.start, "end_line": f.end, "changed_lines": list(f.lines),
+                "executed_lines": list(self.executed), "unexercised_lines": list(self.unexercised), "cases": self.cases,
+                "import_time": f.import_time}
+
+
+@dataclass
+class DiffCoverage:
+    """The change's lines and what the campaign's cases did with them (fuzz/ci/diff.py, direct.py)."""
+
+    functions: list[FunctionCoverage]
+    directed: bool  # the campaign drew towards the changed lines (else: --undirected)
+    cases: int = 0  # campaign cases traced
+    reached: int = 0  # of those, cases that executed a changed line
+    counts: dict[str, int] = field(default_factory=dict)  # directed_cases, directed_hits, undirected_cases, undirected_hits
+    compared: int = 0  # reaching cases also run on the baseline
+
+    @property
+    def changed(self) -> int:
+        return sum(len(f.function.lines) for f in self.functions)
+
+    @property
+    def executed(self) -> int:
+        return sum(len(f.executed) for f in self.functions)
+
+    def unexercised(self) -> list[str]:
+        """`vllm/x.py:512-518` per function with changed lines no case executed."""
+        return [ranges_text(f.function.path, f.unexercised) for f in self.functions if f.unexercised]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"directed": self.directed, "changed_lines": self.changed, "executed_lines": self.executed, "cases": self.cases,
+                "cases_reaching": self.reached, "counts": dict(self.counts), "compared_on_baseline": self.compared,
+                "functions": [f.to_dict() for f in self.functions], "unexercised": self.unexercised()}
+
+
+@dataclass(frozen=True)
+class LayerMove:
+    layer: str
+    tensor: int
+    branch: str  # the view, described
+    baseline: str
+    bytes: int | None  # bytes covered on one side and not the other; None: too large to count
+
+
+@dataclass
+class BehaviourChange:
+    """A case that reached a changed line and behaves differently on the baseline, without failing on the branch."""
+
+    case: Case
+    branch: str  # verdict text on each side
+    baseline: str
+    moves: list[LayerMove]
+    what: str
+
+    @property
+    def layers(self) -> list[str]:
+        return sorted({move.layer for move in self.moves})
+
+    @property
+    def bytes(self) -> int:
+        return sum(move.bytes or 0 for move in self.moves)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"what": self.what, "case": self.case.describe(), "branch": self.branch, "baseline": self.baseline,
+                "layers": self.layers, "bytes_moved": self.bytes,
+                "moves": [{"layer": m.layer, "tensor": m.tensor, "branch": m.branch, "baseline": m.baseline, "bytes": m.bytes}
+                          for m in self.moves]}
+
+
+@dataclass
 class CiResult:
     target: dict[str, Any]  # spec, label, vllm_version, contract
     baseline: dict[str, Any] | None  # the same for the baseline, None without one
@@ -162,6 +245,8 @@ class CiResult:
     campaign: dict[str, Any] = field(default_factory=dict)  # the campaign report (fuzz.campaign.engine.Report.to_dict)
     checked: list[Checked] = field(default_factory=list)
     aborted: InternalFailure | None = None  # kvfuzz's own code raised outside the campaign (the gate, a rerun): the run stopped there
+    coverage: DiffCoverage | None = None  # with --baseline: the change's lines and the cases that executed them
+    behaviour: list[BehaviourChange] = field(default_factory=list)  # notes, not failures
 
     def by_status(self, *statuses: str) -> list[Checked]:
         return [item for item in self.checked if item.status in statuses]

@@ -11,6 +11,9 @@ from fuzz.campaign.engine import Campaign, CampaignOptions, Report
 from fuzz.campaign.pool import Pool, RemoteTarget
 from fuzz.case import Case
 from fuzz.ci import DEFAULT_BUDGET, DEFAULT_CORPUS
+from fuzz.ci.change import change_lines, compare, coverage_lines, run_samples
+from fuzz.ci.diff import locate_change
+from fuzz.ci.direct import Direction
 from fuzz.ci.gate import replay_gate
 from fuzz.ci.locate import functions_under_test, locate, package_folder
 from fuzz.ci.model import CAMPAIGN, FLAKY, Checked, CiResult, InternalFailure
@@ -39,6 +42,7 @@ class CiOptions:
     case_timeout: float = 60.0
     max_memory: int = 4 << 30  # bytes a target process may grow by
     quiet: bool = False
+    undirected: bool = False  # with a baseline: trace the changed lines but draw cases as without one (to measure direction)
 
 
 def run_ci(options: CiOptions, out: TextIO) -> CiResult:
@@ -60,6 +64,7 @@ def run_ci(options: CiOptions, out: TextIO) -> CiResult:
 
 def _run(options: CiOptions, source: TargetSource, baseline: TargetSource | None, shipped: list[Entry], kept: list[Entry],
          results: list[CiResult], out: TextIO) -> None:
+    direction = _direction(options, source, baseline, out)
     with _pool(options, source, options.workers) as pool:
         result = CiResult(target=describe(pool), baseline={"spec": options.baseline} if options.baseline else None, corpus=options.corpus)
         results.append(result)
@@ -69,10 +74,16 @@ def _run(options: CiOptions, source: TargetSource, baseline: TargetSource | None
         result.gate, failing = replay_gate(RemoteTarget(pool), shipped + kept, options.device, with_baseline=baseline is not None)
         print(f"kvfuzz ci: corpus gate: {len(shipped) + len(kept)} cases: {_counts(result.gate)}", file=out, flush=True)
         # A signature the corpus holds is not news for the campaign: the gate has just replayed its case.
-        report = _campaign(pool, options, frozenset(e.expected_signature for e in shipped if e.expected_signature), out)
+        report = _campaign(pool, options, frozenset(e.expected_signature for e in shipped if e.expected_signature), out, direction)
+        branch = run_samples(RemoteTarget(pool), direction, options.device) if direction is not None and baseline is not None else []
     result.campaign = report.to_dict()
     new = [Checked(CAMPAIGN, record.path, _case(record.path), record.finding) for record in report.findings]
     result.checked = failing + new
+    if direction is not None:
+        result.coverage = direction.coverage(len(branch))
+        if baseline is not None and branch:
+            result.checked += compare(result, branch, baseline, options, lambda s: _pool(options, s), out)
+        print(coverage_lines(result.coverage), file=out, flush=True)
     if result.checked:
         _check(result, options, source, baseline, out)
         record_verdicts(result, options.corpus)
@@ -86,13 +97,25 @@ def _failure(error: Exception) -> InternalFailure:
     return InternalFailure(described.summary, 1, None, described.traceback)
 
 
-def _campaign(pool: Pool, options: CiOptions, known: frozenset[str], out: TextIO) -> Report:
+def _direction(options: CiOptions, source: TargetSource, baseline: TargetSource | None, out: TextIO) -> Direction | None:
+    """With a baseline: the change located (fuzz/ci/diff.py), printed, and the campaign's direction towards it."""
+    if baseline is None:
+        return None
+    trees = [package_folder(side) for side in (baseline, source)]
+    if trees[0] is None or trees[1] is None:
+        return None
+    functions = locate_change(trees[0].parent, trees[1].parent)
+    print(change_lines(functions), file=out, flush=True)
+    return Direction(functions, directed=not options.undirected)
+
+
+def _campaign(pool: Pool, options: CiOptions, known: frozenset[str], out: TextIO, direction: Direction | None = None) -> Report:
     from fuzz.campaign.progress import Progress
 
     campaign_options = CampaignOptions(device=options.device, max_time=options.budget, seed=options.seed, corpus_dir=options.corpus / "findings",
                                        synthetic=options.synthetic, known=known)
     progress = None if options.quiet else Progress(out, max_time=options.budget, max_cases=campaign_options.max_cases)
-    report = Campaign(pool, campaign_options, progress=progress).run()
+    report = Campaign(pool, campaign_options, progress=progress, direction=direction).run()
     if progress is not None:
         progress.close(report)
     print(f"kvfuzz ci: campaign: {report.cases} cases in {report.elapsed_s:.0f} s (seed {options.seed}), "

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fuzz.ci.diff import ranges
 from fuzz.ci.model import FLAKY, INTRODUCED, NEW, PRE_EXISTING, Bug, CiResult, Location
 from fuzz.ci.present import differing_rows, origins_text, variants_text
 from fuzz.verdict.findings import DESCRIPTIONS, KINDS
@@ -25,25 +26,51 @@ INFORMATION_URI = "https://github.com/kvfuzz/kvfuzz"
 RULES = DESCRIPTIONS
 LEVELS = {INTRODUCED: "error", NEW: "error", PRE_EXISTING: "warning", FLAKY: "note"}
 BASELINE_STATES = {INTRODUCED: "new", NEW: "new", PRE_EXISTING: "unchanged", FLAKY: "new"}
+# Notes about the change itself rather than a bug: changed lines no case executed, and cases that behave differently on the baseline.
+UNEXERCISED, BEHAVIOUR_CHANGE = "unexercised-change", "behaviour-change"
+NOTE_RULES = {UNEXERCISED: "A changed line of the KV-cache code that no case of the campaign executed: a green run says nothing about it.",
+              BEHAVIOUR_CHANGE: "A case that reached the change passes on both sides, and its views differ between them."}
 
 
 def sarif_log(result: CiResult, version: str) -> dict[str, Any]:
     kinds = [kind for kind in KINDS if kind in RULES]
-    return {
-        "$schema": SCHEMA,
-        "version": "2.1.0",
-        "runs": [{
-            "tool": {"driver": {
-                "name": "kvfuzz",
-                "version": version,
-                "informationUri": INFORMATION_URI,
-                "rules": [{"id": kind, "name": kind.title().replace("-", ""), "shortDescription": {"text": RULES[kind]},
-                           "defaultConfiguration": {"level": "error"}} for kind in kinds],
-            }},
-            "invocations": [_invocation(result)],
-            "results": [_result(bug, result, kinds.index(bug.kind)) for bug in result.bugs],
-        }],
+    rules = [{"id": kind, "name": kind.title().replace("-", ""), "shortDescription": {"text": RULES[kind]},
+              "defaultConfiguration": {"level": "error"}} for kind in kinds]
+    if result.coverage is not None:
+        rules += [{"id": rule, "name": rule.title().replace("-", ""), "shortDescription": {"text": text},
+                   "defaultConfiguration": {"level": "note"}} for rule, text in NOTE_RULES.items()]
+    run: dict[str, Any] = {
+        "tool": {"driver": {"name": "kvfuzz", "version": version, "informationUri": INFORMATION_URI, "rules": rules}},
+        "invocations": [_invocation(result)],
+        "results": [_result(bug, result, kinds.index(bug.kind)) for bug in result.bugs] + _notes(result, len(kinds)),
     }
+    if result.coverage is not None:
+        run["properties"] = {"diffCoverage": result.coverage.to_dict(), "behaviourChanges": [note.to_dict() for note in result.behaviour]}
+    return {"$schema": SCHEMA, "version": "2.1.0", "runs": [run]}
+
+
+def _notes(result: CiResult, first_rule: int) -> list[dict[str, Any]]:
+    """A note per unexercised changed region (a run of lines of one function) and per behaviour change."""
+    coverage = result.coverage
+    if coverage is None:
+        return []
+    notes = []
+    for row in coverage.functions:
+        function = row.function
+        for start, end in ranges(row.unexercised):
+            where = Location(function.path, start, end, None if function.import_time else function.qualname)
+            span = f"{start}-{end}" if end != start else str(start)
+            notes.append({"ruleId": UNEXERCISED, "ruleIndex": first_rule, "level": "note",
+                          "message": {"text": f"kvfuzz did not exercise: {function.path}:{span} ({function.qualname}); "
+                                              f"no campaign case executed these changed lines"},
+                          "locations": [_location(where)],
+                          "properties": {"function": function.qualname, "lines": list(range(start, end + 1))}})
+    for note in result.behaviour:
+        moved = f"; layers {', '.join(note.layers)}, {note.bytes} byte(s) moved" if note.moves else ""
+        notes.append({"ruleId": BEHAVIOUR_CHANGE, "ruleIndex": first_rule + 1, "level": "note",
+                      "message": {"text": f"behaviour-change: {note.what}: {note.case.describe()}{moved}"},
+                      "properties": note.to_dict()})
+    return notes
 
 
 def write_sarif(path: Path, result: CiResult, version: str) -> None:

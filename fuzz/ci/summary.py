@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 
 from fuzz.case import dumps
-from fuzz.ci.model import FLAKY, INTRODUCED, NEW, PRE_EXISTING, STATUSES, Bug, Checked, CiResult, InternalFailure
+from fuzz.ci.diff import ranges_text
+from fuzz.ci.model import FLAKY, INTRODUCED, NEW, PRE_EXISTING, STATUSES, BehaviourChange, Bug, Checked, CiResult, DiffCoverage, InternalFailure
 from fuzz.ci.present import differing_rows, export_command, origins_text, variants_text, vllm_terms
 from fuzz.verdict.findings import DESCRIPTIONS
 
@@ -36,6 +37,10 @@ def markdown(result: CiResult) -> str:
     if errors:
         lines += _internal_errors(errors)
     lines += _checked(result)
+    if result.coverage is not None:
+        lines += ["", *diff_coverage(result.coverage)]
+    if result.behaviour:
+        lines += ["", *behaviour_notes(result.behaviour)]
     if failing:
         lines += ["", f"### {HEADINGS[INTRODUCED] if result.baseline else HEADINGS[NEW]}", "", *_table(failing, with_status=False)]
     detailed = bugs[:MAX_DETAILS]  # in full: the first bugs, worst status first
@@ -86,6 +91,8 @@ def terminal(result: CiResult, limit: int = 10) -> str:
         kept = f"\n      case: {error.case_file}" if error.case_file else ""
         trace = "\n" + _indent(error.traceback.rstrip(), "      ") if error.traceback else ""
         lines.append(f"  KVFUZZ INTERNAL ERROR ({error.count}x, please report at {REPORT_URL}): {error.message}{kept}{trace}")
+    if result.behaviour:
+        lines.append(f"kvfuzz ci: {len(result.behaviour)} behaviour-change note(s): cases that reached the change differ on the baseline")
     lines.append(f"kvfuzz ci: {verdict(result, failing)}")
     if failing and result.internal_errors:
         lines.append(f"kvfuzz ci: kvfuzz also failed on {sum(e.count for e in result.internal_errors)} case(s) (an internal error, above)")
@@ -120,6 +127,45 @@ def _checked(result: CiResult) -> list[str]:
         baseline = " and once on the baseline" if result.baseline else ""
         lines.append(f"- {len(result.checked)} failing case(s) run again in two fresh processes{baseline}: "
                      f"{len(result.bugs)} bug(s) (one per signature)")
+    return lines
+
+
+def diff_coverage(coverage: DiffCoverage) -> list[str]:
+    """One row per changed function: its changed lines executed, the cases that reached them, the lines no case executed."""
+    how = "drawn towards the change" if coverage.directed else "undirected draws"
+    lines = ["### Diff coverage", ""]
+    if not coverage.functions:
+        return [*lines, "The change has no line that runs in the KV-cache folders kvfuzz reads (vllm/v1, the KV connectors, "
+                        "the attention layers)."]
+    lines += [f"{coverage.executed} of {coverage.changed} changed line(s) executed; {coverage.reached:,} of {coverage.cases:,} "
+              f"campaign case(s) reached a changed line ({how}); {coverage.compared} of them also ran on the baseline.", "",
+              "| function | changed lines executed | cases that reached them | not exercised |", "|---|---|---|---|"]
+    for row in coverage.functions:
+        function = row.function
+        name = "import-time code" if function.import_time else function.qualname
+        cases = "at import" if row.cases is None else f"{row.cases:,}"
+        missing = f"`{ranges_text(function.path, row.unexercised)}`" if row.unexercised else "-"
+        lines.append(f"| `{function.path}` {_cell(name)} | {len(row.executed)}/{len(function.lines)} | {cases} | {missing} |")
+    unexercised = coverage.unexercised()
+    if unexercised:
+        lines += ["", *[f"- kvfuzz did not exercise: `{text}`" for text in unexercised],
+                  "", "A green run says nothing about these lines: no case kvfuzz drew executed them."]
+    return lines
+
+
+def behaviour_notes(notes: list[BehaviourChange]) -> list[str]:
+    """Cases that reached the change and behave differently on the baseline, without failing here: notes, not failures."""
+    lines = [f"### Behaviour changes ({len(notes)} note(s), not failures)", ""]
+    for note in notes:
+        moved = f": {', '.join(note.layers)}, {note.bytes:,} byte(s) moved" if note.moves else ""
+        lines += [f"<details><summary>behaviour-change: {_html(note.case.describe())}{_html(moved)}</summary>", "",
+                  f"{note.what}; branch `{_code(note.branch)}`, baseline `{_code(note.baseline)}`.", "", "```text",
+                  vllm_terms(note.case)]
+        for move in note.moves:
+            count = "?" if move.bytes is None else f"{move.bytes:,}"
+            lines += [f"{move.layer}[{move.tensor}] branch   {move.branch}", f"{move.layer}[{move.tensor}] baseline {move.baseline}",
+                      f"  -> {count} byte(s) moved"]
+        lines += ["```", "</details>", ""]
     return lines
 
 
