@@ -182,8 +182,10 @@ def tile(case: Case, expected: Expectation, block: int) -> Bytes:
         if len(spans) == 1:  # a page and its alignment tail, up to the next page any layer places for this or the next block
             start, end = spans[0]
             limit = start + max(rule.span_len, rule.block_pitch)
+            # A block past the cache's last one places no page: the last block's tail is its own.
+            neighbours = [b for b in (block, block + 1) if b < case.num_blocks]
             nexts = [s for other_buffer, other in layers if other_buffer == buffer
-                     for b in (block, block + 1) for s, _ in other.spans(b) if end <= s < limit]
+                     for b in neighbours for s, _ in other.spans(b) if end <= s < limit]
             spans = [(start, min([limit, *nexts]))]
         parts.append(_spans(buffer, spans))
         pitches.add((buffer, rule.block_pitch))

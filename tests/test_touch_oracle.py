@@ -142,3 +142,31 @@ def test_token_map_refuses_a_shape_it_cannot_read_as_heads(shape):
     expected = oracles.expect(c, SHAPED_022)
     assert expected.accepted and expected.layers["l0"].views  # a cache the views rules accept: only the token map abstains
     assert touch.token_map(c, expected, "l0", 0, 0, mla=False) is None
+
+
+def padded_mla_beside_mamba(blocks: int) -> Case:
+    """A sliding-window MLA page of 15 bfloat16 (30 bytes) padded to its 4096-byte alignment, its blocks kept whole 30-byte
+    rows apart (XPU_MLA_SPARSE's customize_spec: align_blocks_to_rows), beside a Mamba group whose 80-byte state is padded to
+    the same 4096-byte page, layer-outer: each group lays its blocks from byte 0 at its own stride."""
+    mla = SpecCase(kind="sliding_window_mla", block_size=1, num_kv_heads=1, head_size=15, sliding_window=1, alignment=4096,
+                   block_stride_alignment=30)
+    mamba = SpecCase(kind="mamba", block_size=1, mamba_shapes=((2, 16), (2, 4, 1)), mamba_dtypes=("float16", "float16"),
+                     page_size_padded=4096)
+    return Case(groups=(GroupCase(mla, ("a",), backend="XPU_MLA_SPARSE", kernel_block_size=1), GroupCase(mamba, ("m",), kernel_block_size=1)),
+                num_blocks=blocks, layout="LBNHC")
+
+
+def test_the_last_block_owns_its_alignment_tail():
+    # MLA blocks are round_up(4096, 30) = 4110 bytes apart, Mamba blocks 4096. One block: the buffer is 4110 bytes and no
+    # other block places a page in [4096, 4110), so all of it is block 0's.
+    c = padded_mla_beside_mamba(1)
+    assert np.array_equal(touch.tile(c, placed(c), 0)[0], np.arange(4110))
+
+
+def test_an_alignment_tail_ends_where_another_groups_next_block_begins():
+    # Two blocks: Mamba block 1 starts at 4096, so MLA block 0's tail [4096, 4110) is block 1's; block 1 owns MLA [4110, 8220)
+    # and Mamba [4096, 8192), the last block's tail included.
+    c = padded_mla_beside_mamba(2)
+    expected = placed(c)
+    assert np.array_equal(touch.tile(c, expected, 0)[0], np.arange(4096))
+    assert np.array_equal(touch.tile(c, expected, 1)[0], np.arange(4096, 8220))
