@@ -118,6 +118,34 @@ def test_reasons_are_rules_of_known_kinds() -> None:
         "transfer-engine", "gpu", "cache-write", "forward-pass", None]
 
 
+def test_a_rule_until_a_release_holds_for_it_and_older_only() -> None:
+    zeroer = Function("vllm/v1/worker/utils.py", "KVBlockZeroer.zero_block_ids", 1, 3, ("zeroes",))
+    kinds = {version: getattr(reason(zeroer, version), "kind", None) for version in ("0.22.0", "0.28.1", "0.29.0", "0.32.0+cpu", "dev", "")}
+    assert kinds == {"0.22.0": "gap", "0.28.1": "gap", "0.29.0": None, "0.32.0+cpu": None, "dev": None, "": None}
+
+
+def test_a_case_that_kills_the_tracing_process_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[int]] = []
+
+    def run_once(env: dict[str, str], config: Path, out: Path, log: Path, seconds: float) -> int | None:
+        """The first process dies on case 9 after writing cases 0-6; the second resumes from 7 without case 9."""
+        if out.exists():
+            progress = coverage.Progress.read(out)
+            seen.append(list(progress.crashed))
+            coverage.Progress(20, 22, 3.0, {0: 4}, {0: {1, 2}}, {0: 1}, progress.crashed).write(out)
+            return 0
+        coverage.Progress(6, 7, 1.0, {0: 1}, {0: {1}}, {0: 1}).write(out)
+        Path(f"{out}.at").write_text("%20d" % 9)
+        return -11
+
+    monkeypatch.setattr(coverage, "_run_once", run_once)
+    monkeypatch.setattr(coverage, "worker_environment", lambda source: {})
+    functions = [Function("vllm/v1/worker/traced.py", "surface", 1, 8, ("views",))]
+    measured = coverage.measure(None, tmp_path, functions, 10, tmp_path, max_cases=20)  # type: ignore[arg-type]
+    assert seen == [[9]]
+    assert (measured.cases, measured.crashed, measured.error, measured.calls, measured.lines) == (20, [9], None, {0: 4}, {0: {1, 2}})
+
+
 def test_tracer_follows_only_the_surface(tmp_path: Path) -> None:
     write_tree(tmp_path, {"vllm/v1/worker/traced.py": '''
         def surface(kv_caches, flag):
@@ -188,17 +216,20 @@ def assert_every_function_driven_or_explained(spec: str) -> None:
         source = resolve(spec, fetch=False)
     except TargetError as error:
         pytest.skip(f"not available here: {error}")
-    mapped = survey(source, tree_root(source), 600, max_cases=CASES)
-    assert mapped.cases == CASES, mapped.error
+    mapped = survey(source, tree_root(source), 600, max_cases=CASES[spec])
+    assert (mapped.cases, mapped.error) == (CASES[spec], None)
     assert mapped.driven(), headline(mapped)
     assert [e.function.name for e in mapped.unexplained()] == [], headline(mapped)
 
 
-# A fixed number of cases, not seconds: what is driven must not depend on how busy the machine is. 0.32.0's rarest driven
-# function (AttentionGroup.map_kv_cache_to_manager_blocks) runs on a few cases in a thousand.
-CASES = 1600
+# A fixed number of cases, not seconds: what is driven must not depend on how busy the machine is. Each is more than ten
+# times the number of cases (seed 0, every consumer a case names) before the release's rarest driven function first ran:
+# 9 on 0.22.0, 15 on 0.23.0 (_get_kv_cache_config_deepseek_v4), 19 on 0.28.0, 63 on 0.29.0 (MLAAttention.bind_kv_cache),
+# 34 on 0.32.0 (AttentionGroup.map_kv_cache_to_manager_blocks, about one case in 150) and 30 on 0.34.0 (Attention.__init__).
+CASES = {"0.22.0": 200, "0.23.0": 200, "0.28.0": 200, "0.29.0": 600, "installed": 500, "0.34.0": 400}
 
 
+@pytest.mark.slow
 def test_installed_every_function_driven_or_explained() -> None:
     installed_root()
     assert_every_function_driven_or_explained("installed")
@@ -206,6 +237,6 @@ def test_installed_every_function_driven_or_explained() -> None:
 
 @pytest.mark.slow
 @pytest.mark.releases
-@pytest.mark.parametrize("version", ["0.22.0", "0.28.0", "0.34.0"])
+@pytest.mark.parametrize("version", ["0.22.0", "0.23.0", "0.28.0", "0.29.0", "0.34.0"])
 def test_release_every_function_driven_or_explained(version: str) -> None:
     assert_every_function_driven_or_explained(version)

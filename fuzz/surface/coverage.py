@@ -2,11 +2,17 @@
 
 `measure` starts `python -m fuzz.surface.coverage CONFIG OUT` with the target's vLLM first on the path.
 That process loads the target as a campaign worker does, then runs the campaign's cases (seed, index)
-in-process for the given seconds, with the campaign's schedule (consumers on every 8th case, the
-kernel probe only when asked), under a trace function that follows only the code objects of the
-surface functions: a frame of any other code is declined at its call event, so the rest of vLLM and
-kvfuzz run untraced. It writes what ran every few seconds, so a case that kills the process leaves
-what was reached before it.
+in-process for the given seconds (or cases), each with every check it names (its consumers on every
+case, the kernel probe only when asked): the map measures what kvfuzz's cases can reach, not what a
+campaign's schedule (fuzz/campaign/schedule.py) chose to run in its time. A trace function follows
+only the code objects of the surface functions: a frame of any other code is declined at its call
+event, so the rest of vLLM and kvfuzz run untraced.
+
+A consumer whose kernel writes outside its buffers (the zeroer under Triton's interpreter writes
+host memory) can corrupt the process's heap: the process then dies or hangs, on that case or a
+later one. So the process writes what it reached after every case and the index of the case it is
+running before it, and gives up on a case that runs past CASE_LIMIT_S; a new process then goes on
+after the last case written, without the case the old one ended on (`Coverage.crashed`).
 
 A function's lines are those its code objects (nested functions, lambdas and comprehensions
 included) map bytecode to, compiled here from the file by this Python: the lines a line event can
@@ -15,6 +21,7 @@ report.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import subprocess
@@ -32,9 +39,9 @@ from fuzz.errors import TargetError
 from fuzz.surface.find import Function
 from fuzz.targets.releases import TargetSource, worker_environment
 
-FLUSH_S = 2.0
+CASE_LIMIT_S = 30.0  # one case; the slowest (a zeroer under Triton's interpreter on a large cache) take a few seconds
 START_MARGIN_S = 300.0  # importing vLLM and probing the target, on a busy machine
-CONSUMERS_EVERY = 8  # as `kvfuzz run`'s default
+MAX_CRASHES = 20  # cases that end the tracing process before the measurement stops there
 
 
 @dataclass
@@ -45,7 +52,34 @@ class Coverage:
     cases: int = 0
     calls: dict[int, int] = field(default_factory=dict)
     lines: dict[int, set[int]] = field(default_factory=dict)
+    first: dict[int, int] = field(default_factory=dict)  # the number of the first case that called it (1-based)
+    crashed: list[int] = field(default_factory=list)  # indices of the cases the tracing process died or hung on (skipped)
     error: str | None = None  # why the tracing process ended early, if it did
+
+
+@dataclass
+class Progress:
+    """What the tracing processes reached so far: written by the process after every case, read to resume after a crash."""
+
+    cases: int = 0
+    index: int = 0  # the next case index to draw
+    ran_s: float = 0.0  # seconds spent running cases
+    calls: dict[int, int] = field(default_factory=dict)
+    lines: dict[int, set[int]] = field(default_factory=dict)
+    first: dict[int, int] = field(default_factory=dict)
+    crashed: list[int] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, path: Path) -> Progress:
+        data = json.loads(path.read_text())
+        return cls(data["cases"], data["index"], data["ran_s"], {int(k): v for k, v in data["calls"].items()},
+                   {int(k): set(v) for k, v in data["lines"].items()}, {int(k): v for k, v in data["first"].items()}, data["crashed"])
+
+    def write(self, path: Path) -> None:
+        data = {"cases": self.cases, "index": self.index, "ran_s": self.ran_s, "calls": self.calls,
+                "lines": {k: sorted(v) for k, v in self.lines.items()}, "first": self.first, "crashed": self.crashed}
+        Path(f"{path}.tmp").write_text(json.dumps(data))
+        os.replace(f"{path}.tmp", path)
 
 
 def executable_lines(root: Path, functions: Sequence[Function]) -> list[set[int]]:
@@ -81,7 +115,8 @@ def _owner(ranges: Sequence[tuple[int, int, int]], line: int) -> int | None:
 
 def measure(source: TargetSource, root: Path, functions: Sequence[Function], seconds: float, work: Path, *, seed: int = 0,
             synthetic: bool = True, probe: str = "metadata", device: str = "cpu", max_cases: int | None = None) -> Coverage:
-    """Run the tracing process to its end (or `seconds` plus the start margin) and read what it reached."""
+    """Run the tracing process to its end (or `seconds` plus the start margin) and read what it reached. A case that ends
+    the process (it died or hung) is skipped: a new process goes on after the last case written."""
     config = {"functions": [{"path": f.path, "start": f.start, "end": f.end} for f in functions], "seconds": seconds, "seed": seed,
               "synthetic": synthetic, "probe": probe, "device": device,
               "max_cases": max_cases or 10**12}
@@ -89,17 +124,44 @@ def measure(source: TargetSource, root: Path, functions: Sequence[Function], sec
     config_path.write_text(json.dumps(config))
     env = worker_environment(source)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH", ""), str(SOURCE_ROOT)]))
-    with open(log, "w") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "fuzz.surface.coverage", str(config_path), str(out)], env=env,
+    error = None
+    for _ in range(MAX_CRASHES + 1):
+        returncode = _run_once(env, config_path, out, log, seconds)
+        if not out.exists():
+            lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+            raise TargetError(f"--vllm {source.spec}: the tracing process failed before any case ran: {(lines or ['no output'])[-1][:300]}")
+        if returncode == 0:
+            break
+        error = "the tracing process was killed" if returncode is None else f"the tracing process exited {returncode}"
+        progress, crashed = Progress.read(out), _running(out)
+        if returncode is None or crashed is None or crashed in progress.crashed or crashed < progress.index:
+            break
+        progress.crashed.append(crashed)
+        progress.write(out)
+        error = None
+    else:
+        error = f"gave up after {MAX_CRASHES} cases killed the tracing process"
+    progress = Progress.read(out)
+    return Coverage(seconds=seconds, cases=progress.cases, calls=progress.calls, lines=progress.lines, first=progress.first,
+                    crashed=progress.crashed, error=error)
+
+
+def _run_once(env: dict[str, str], config: Path, out: Path, log: Path, seconds: float) -> int | None:
+    """One tracing process, resuming from `out` if it exists: its exit status, or None when it ran past its time."""
+    Path(f"{out}.at").unlink(missing_ok=True)
+    with open(log, "a") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "fuzz.surface.coverage", str(config), str(out)], env=env,
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
         ended = _wait(process, seconds + START_MARGIN_S)
-    if not out.exists():
-        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
-        raise TargetError(f"--vllm {source.spec}: the tracing process failed before any case ran: {(lines or ['no output'])[-1][:300]}")
-    data = json.loads(out.read_text())
-    error = None if ended and process.returncode == 0 else f"the tracing process {'was killed' if not ended else f'exited {process.returncode}'}"
-    return Coverage(seconds=seconds, cases=data["cases"], calls={int(k): v for k, v in data["calls"].items()},
-                    lines={int(k): set(v) for k, v in data["lines"].items()}, error=error)
+    return process.returncode if ended else None
+
+
+def _running(out: Path) -> int | None:
+    """The index of the case the last tracing process was running when it ended."""
+    try:
+        return int(Path(f"{out}.at").read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _wait(process: subprocess.Popen[str], seconds: float) -> bool:
@@ -167,44 +229,61 @@ class Tracer:
 def main(config_path: str, out_path: str) -> None:
     import vllm
 
-    from fuzz.space import Rejected, draw_indexed, for_run
+    from fuzz.space import for_run
     from fuzz.targets import load_local
     from fuzz.verdict.runner import run_case
 
     config = json.loads(Path(config_path).read_text())
+    out = Path(out_path)
+    progress = Progress.read(out) if out.exists() else Progress()
     target = load_local()
     tracer = Tracer(Path(vllm.__file__).resolve().parent.parent, config["functions"])
+    tracer.calls, tracer.lines = progress.calls, progress.lines
     kernel = config["probe"] == "kernel"
     probe: bool | str = "kernel" if kernel else False
+    skip = set(progress.crashed)
+    running = os.open(f"{out_path}.at", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    started = time.monotonic()
+    resumed_s = progress.ran_s
 
-    def flush(cases: int) -> None:
-        data = {"cases": cases, "calls": tracer.calls, "lines": {k: sorted(v) for k, v in tracer.lines.items()}}
-        Path(out_path + ".tmp").write_text(json.dumps(data))
-        os.replace(out_path + ".tmp", out_path)
+    def flush() -> None:
+        progress.ran_s = resumed_s + time.monotonic() - started
+        progress.write(out)
 
-    flush(0)
-    deadline = time.monotonic() + config["seconds"]
-    last, index, cases = time.monotonic(), 0, 0
+    flush()
+    deadline = started + config["seconds"] - resumed_s
     sys.settrace(tracer.call)
     try:
-        while time.monotonic() < deadline and cases < config["max_cases"]:
-            try:
-                case = draw_indexed(target.info, config["seed"], index, synthetic=config["synthetic"], touches=True)
-            except Rejected:
-                index += 1
-                continue
-            case = for_run(case, consumers=index % CONSUMERS_EVERY == 0, kernel=kernel)
-            try:
-                run_case(target, case, config["device"], probe=probe)
-            except Exception:  # noqa: BLE001 - kvfuzz's own error on one case: a campaign reports it, coverage goes on
-                pass
-            index, cases = index + 1, cases + 1
-            if time.monotonic() - last > FLUSH_S:
-                last = time.monotonic()
-                flush(cases)
+        while time.monotonic() < deadline and progress.cases < config["max_cases"]:
+            index = progress.index
+            case = None if index in skip else _draw(target.info, config, index)
+            if case is not None:
+                os.pwrite(running, b"%20d" % index, 0)
+                faulthandler.dump_traceback_later(CASE_LIMIT_S, exit=True)
+                try:
+                    run_case(target, for_run(case, consumers=True, kernel=kernel), config["device"], probe=probe)
+                except Exception:  # noqa: BLE001 - kvfuzz's own error on one case: a campaign reports it, coverage goes on
+                    pass
+                faulthandler.cancel_dump_traceback_later()
+                progress.cases += 1
+                if len(tracer.calls) > len(progress.first):
+                    progress.first.update((function, progress.cases) for function in tracer.calls if function not in progress.first)
+            progress.index = index + 1
+            if case is not None:
+                flush()
     finally:
         sys.settrace(None)
-        flush(cases)
+        flush()
+
+
+def _draw(info: Any, config: dict[str, Any], index: int) -> Any:
+    """Case `index` of the campaign, or None where the space rejects it."""
+    from fuzz.space import Rejected, draw_indexed
+
+    try:
+        return draw_indexed(info, config["seed"], index, synthetic=config["synthetic"], touches=True)
+    except Rejected:
+        return None
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ The first rule that matches gives the reason. A rule names what the function nee
 CPU-only process with kvfuzz's cases does not have (a GPU, a transfer engine, a model's forward
 pass, a scheduler step, a loaded model or engine), or says plainly that it is a gap: code that
 could run here but no case reaches. A function matched by no rule is *unexplained*: the surface
-test fails on it until it is driven or a rule says why not.
+test fails on it until it is driven or a rule says why not. A rule true only up to a release
+(`until`) matches trees of that release or older (vllm/_version.py; a checkout without one is
+taken as newer), so that where a later release's function is driven, a regression that stops
+driving it is not hidden behind an old release's reason.
 """
 
 from __future__ import annotations
@@ -32,9 +35,22 @@ class Rule:
     text: str
     path: str = ""  # regex searched in the path relative to the tree root; "" matches any
     name: str = ""  # regex searched in Class.method; "" matches any
+    until: str = ""  # the last release it holds for, "0.28" (any 0.28.x) or "0.28.1"; "" every release
 
-    def matches(self, function: Function) -> bool:
-        return bool((not self.path or re.search(self.path, function.path)) and (not self.name or re.search(self.name, function.qualname)))
+    def matches(self, function: Function, version: str = "") -> bool:
+        return bool((not self.path or re.search(self.path, function.path)) and (not self.name or re.search(self.name, function.qualname))
+                    and (not self.until or _at_most(version, self.until)))
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    return tuple(int(part) for part in match.groups() if part is not None) if match else None
+
+
+def _at_most(version: str, until: str) -> bool:
+    """Whether `version` (vllm/_version.py's, e.g. 0.28.0) is release `until` or older; False for an unknown version."""
+    release, last = _release(version), _release(until)
+    return release is not None and last is not None and release[:len(last)] <= last
 
 
 _CONNECTORS = "vllm/distributed/kv_transfer/"
@@ -69,6 +85,8 @@ RULES: tuple[Rule, ...] = (
     Rule("gpu", "extensible KV cache: CUDA virtual memory (vmm_driver) reserves the buffer and commits pages", "", r"extensible|Extensible"),
     Rule("gpu", "extensible KV cache: CUDA virtual memory (vmm_driver) reserves the buffer and commits pages", r"extensible_kv_cache"),
     Rule("gpu", "decode context parallelism: a tensor-parallel group and CUDA FlashAttention", r"^vllm/v1/worker/cp_utils"),
+    Rule("gpu", "CUDA graph capture: records the V2 runner's (or a speculator's) forward over dummy inputs on a CUDA stream",
+         r"^vllm/v1/worker/gpu/", r"(^|\.)(capture|capture_model|prepare_inputs_to_capture)$"),
     Rule("gpu", "MLA layer constructor: builds the backend's implementation, which needs a GPU (kvfuzz builds a stand-in "
          "without it)", "", r"^MLAAttention\.__init__$"),
     # Attention: cache writes, then everything else of the forward pass.
@@ -105,9 +123,23 @@ RULES: tuple[Rule, ...] = (
          r"^vllm/v1/simple_kv_offload/manager"),
     Rule("gap", "cross-layer KV blocks allocated for a connector: packing this release's case space does not draw",
          r"kv_connector_model_runner_mixin", r"allocate_uniform_kv_caches$"),
+    # Before 0.29 the V1 runner (and the CPU runner built on it) allocates and views the caches its own way, and kvfuzz runs
+    # the consumers on the V2 runner's views only (fuzz/targets/common.py, consumers.walk_runners): a zeroer that only the
+    # V1 runner calls is skipped on every case (0.22's KVBlockZeroer, 0.25 - 0.28's CPUModelRunner._zero_block_ids).
+    Rule("gap", "zeroes blocks of the V1 (or CPU) model runner's own views; kvfuzz runs its consumers on the V2 runner's walk only, "
+         "whose views before 0.29 the V1 runner does not build, so this zeroer is skipped on every case",
+         r"^vllm/v1/worker/(utils|cpu_model_runner)\.py$", r"^(KVBlockZeroer\.\w+|CPUModelRunner\._zero_block_ids)$", until="0.28"),
+    Rule("gap", "DeepSeek V4's planner for several UniformTypeKVCacheSpecs groups (a full-MLA group holding every page size, then "
+         "sliding-window MLA groups): kvfuzz's case space draws several such groups only where the planner buckets each group's "
+         "pages (0.23) or packs slabs (0.24 - 0.28), not for this release's planner (fuzz/space.py packing_reason)",
+         r"^vllm/v1/core/kv_cache_utils", r"^_get_kv_cache_config_deepseek_v4$", until="0.22"),
+    Rule("gap", "re-strides blocks-first views onto K/V-first storage where one pool holds both (an encoder-decoder model's "
+         "K/V-first ROCM_ATTN self-attention beside blocks-first cross-attention); kvfuzz's cases give every attention group of "
+         "a case the first group's backend (one model, one backend), so no pool mixes block dimensions",
+         r"^vllm/v1/worker/gpu/attn_utils", r"^_restride_blocks_first_kv_cache_to_kv_first_storage$"),
 )
 
 
-def reason(function: Function) -> Rule | None:
-    """The first rule that matches, or None (unexplained)."""
-    return next((rule for rule in RULES if rule.matches(function)), None)
+def reason(function: Function, version: str = "") -> Rule | None:
+    """The first rule that matches the function of a tree of this version, or None (unexplained)."""
+    return next((rule for rule in RULES if rule.matches(function, version)), None)

@@ -27,15 +27,16 @@ def headline(survey: Survey) -> str:
     share = f", {executed / lines:.0%} of their lines" if lines else ""
     kinds = ", ".join(f"{kind} {n}" for kind, n in survey.by_kind().items())
     unexplained = f", {len(survey.unexplained())} unexplained" if survey.unexplained() else ""
-    return (f"{found}, {len(survey.driven())} driven{share} in {survey.seconds:g} s; {len(survey.not_driven())} not driven "
+    return (f"{found}, {len(survey.driven())} driven{share} by {survey.cases} cases; {len(survey.not_driven())} not driven "
             f"({kinds}){unexplained}")
 
 
 def render(survey: Survey) -> str:
     lines = [f"kvfuzz surface: vLLM {survey.version} (--vllm {survey.vllm}) at {survey.root}"]
     if survey.measured:
-        lines.append(f"campaign: {survey.seconds:g} s, {survey.cases} cases ({survey.probe} probe, consumers on every 8th case, "
-                     f"seed {survey.seed}), traced in one process" + (f"; {survey.error}" if survey.error else ""))
+        crashed = f"; {len(survey.crashed)} skipped, the tracing process died or hung on them: {survey.crashed}" if survey.crashed else ""
+        lines.append(f"campaign: at most {survey.seconds:g} s, {survey.cases} cases ({survey.probe} probe, every consumer a case names, "
+                     f"seed {survey.seed}), traced{crashed}" + (f"; {survey.error}" if survey.error else ""))
     else:
         lines.append("static map only (--max-time 0): nothing was run")
     lines += [headline(survey), ""]
@@ -64,7 +65,8 @@ def _share(entry: Entry) -> str:
 
 def to_dict(survey: Survey) -> dict[str, Any]:
     return {"vllm": survey.vllm, "version": survey.version, "root": survey.root,
-            "campaign": {"seconds": survey.seconds, "cases": survey.cases, "probe": survey.probe, "seed": survey.seed, "error": survey.error},
+            "campaign": {"seconds": survey.seconds, "cases": survey.cases, "probe": survey.probe, "seed": survey.seed,
+                         "crashed_cases": survey.crashed, "error": survey.error},
             "counts": counts(survey), "functions": [_function(e) for e in survey.entries]}
 
 
@@ -75,7 +77,7 @@ def _function(entry: Entry) -> dict[str, Any]:
     if f.calls:
         data["passes_to"] = list(f.calls)
     if entry.driven:
-        data.update(calls=entry.calls, executed_lines=entry.executed)
+        data.update(calls=entry.calls, executed_lines=entry.executed, first_case=entry.first)
     if entry.reason is not None and not entry.driven:
         data["reason"] = {"kind": entry.reason.kind, "text": entry.reason.text}
     return data

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import tempfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fuzz.surface import coverage
@@ -21,6 +21,7 @@ class Entry:
     lines: int  # executable lines (nested code included)
     executed: int | None = None  # None: not measured
     calls: int | None = None
+    first: int | None = None  # the first case (1-based) that called it
     reason: Rule | None = None  # for a function not driven (or not measured), the first rule that matches
 
     @property
@@ -47,6 +48,7 @@ class Survey:
     probe: str = "metadata"
     error: str | None = None
     seed: int = 0
+    crashed: list[int] = field(default_factory=list)  # indices of the cases skipped: the tracing process died or hung on them
 
     @property
     def measured(self) -> bool:
@@ -84,7 +86,7 @@ def version_of(root: Path) -> str:
 def survey(source: TargetSource, root: Path, seconds: float = 0.0, *, seed: int = 0, probe: str = "metadata",
            max_cases: int | None = None) -> Survey:
     """The map of the tree at `root`; with seconds > 0, measured by a campaign of that many seconds (or max_cases cases)."""
-    functions = find(root)
+    functions, version = find(root), version_of(root)
     lines = coverage.executable_lines(root, functions)
     measured: coverage.Coverage | None = None
     if seconds > 0:
@@ -93,10 +95,11 @@ def survey(source: TargetSource, root: Path, seconds: float = 0.0, *, seed: int 
     entries = []
     for index, function in enumerate(functions):
         if measured is None:
-            entries.append(Entry(function, len(lines[index]), reason=reason(function)))
+            entries.append(Entry(function, len(lines[index]), reason=reason(function, version)))
             continue
         calls = measured.calls.get(index, 0)
         executed = len(measured.lines.get(index, set()) & lines[index])
-        entries.append(Entry(function, len(lines[index]), executed, calls, None if calls else reason(function)))
-    return Survey(source.spec, version_of(root), str(root), entries, seconds if measured else 0.0, measured.cases if measured else 0,
-                  probe, measured.error if measured else None, seed)
+        why = None if calls else reason(function, version)
+        entries.append(Entry(function, len(lines[index]), executed, calls, measured.first.get(index), why))
+    return Survey(source.spec, version, str(root), entries, seconds if measured else 0.0, measured.cases if measured else 0,
+                  probe, measured.error if measured else None, seed, measured.crashed if measured else [])
