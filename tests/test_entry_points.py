@@ -127,8 +127,9 @@ def planner_home(root: Path) -> str:
 def campaign(spec: str, tmp_path: Path, name: str) -> dict:
     report = tmp_path / f"{name}.json"
     out = io.StringIO()
+    # A fixed ratio of deeper checks, so two trees see the same checks on the same cases (a schedule runs them by time).
     main(["run", "--vllm", spec, "--max-cases", "150", "--seed", "4", "--device", "cpu", "--corpus", str(tmp_path / f"corpus-{name}"),
-          "--report", str(report), "--quiet"], stdout=out)
+          "--consumers-every", "8", "--report", str(report), "--quiet"], stdout=out)
     data = json.loads(report.read_text())
     data["terminal"] = out.getvalue()
     return data

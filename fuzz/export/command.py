@@ -22,7 +22,7 @@ BackendLayouts = Mapping[str, "tuple[str, ...] | None"]
 def _findings(names: list[str]) -> list[FindingFile]:
     paths: list[Path] = []
     for name in names:
-        if name == CORPUS_WORD and not Path(name).exists():
+        if name == CORPUS_WORD:  # the word, whatever folder of that name lies here (its seeds are no findings)
             from fuzz.corpus.builtin import builtin_corpus
 
             paths.append(builtin_corpus() / "findings")
