@@ -424,6 +424,23 @@ def zeroes(case: Case) -> bool:
     return len({(spec.dtype, spec.kv_quant_mode) for group in case.groups for spec in group.layer_specs}) > 1
 
 
+# The CPU model runner's zeroers run only on the CPU platform, whose attention selector returns CPU_ATTN, CPU_MLA (from
+# 0.28) or AMX_MLA (from 0.29) and nothing else (0.32.0 vllm/platforms/cpu.py get_attn_backend_cls: "if selected_backend and
+# selected_backend != AttentionBackendEnum.CPU_ATTN: logger.info("Cannot use %s backend on CPU.", ...)", then
+# "return AttentionBackendEnum.CPU_ATTN.get_path()"; MLA layers get AMX_MLA or CPU_MLA); from 0.30 DeepSeek V4's CPU model
+# picks its own (models/deepseek_v4/cpu/cpu_mla.py: CPU_V4_MLA_SPARSE, CPU_V4_INDEXER). Synthetic backends stand for any.
+CPU_CONSUMERS = ("cpu-zero", "cpu-zeroer")
+CPU_BACKENDS = ("CPU_ATTN", "CPU_MLA", "AMX_MLA", "CPU_V4_MLA_SPARSE", "CPU_V4_INDEXER")
+CPU_RULE = "the CPU model runner runs only on the CPU platform, whose attention backends are " + ", ".join(CPU_BACKENDS)
+
+
+def on_cpu(case: Case) -> bool:
+    """Whether a CPU deployment could build the case (CPU_RULE): every real backend one the CPU platform selects, and no ROCm."""
+    if case.platform == "rocm":
+        return False
+    return all(group.backend is None or group.backend in CPU_BACKENDS for group in case.groups if group.spec.kind != "mamba")
+
+
 def _page_buckets(info: TargetInfo, case: Case) -> bool:
     """Whether the planner buffers the case's groups by page size (several UniformTypeKVCacheSpecs groups, 0.23)."""
     return info.contract.page_buckets and case.packing == "uniform_type" and len(case.groups) > 1
@@ -432,7 +449,7 @@ def _page_buckets(info: TargetInfo, case: Case) -> bool:
 def _touches(source: Source, info: TargetInfo, case: Case) -> Touches:
     """The consumers the case runs (each the target has and vLLM runs on it, at least one), the blocks they zero and map,
     one block copy, and one to three tokens for the kernel probe, positions biased to a block's first and last token."""
-    drawable = tuple(name for name in info.consumers if name not in ZEROERS or zeroes(case))
+    drawable = tuple(name for name in info.consumers if (name not in ZEROERS or zeroes(case)) and (name not in CPU_CONSUMERS or on_cpu(case)))
     consumers = tuple(name for name in drawable if source.chance(50))
     if drawable and not consumers:
         consumers = (source.choice(drawable),)
@@ -730,6 +747,8 @@ def unrealistic(case: Case, info: TargetInfo) -> str | None:
         return "pools hold one page size before 0.29"
     if case.touches is not None and set(case.touches.consumers) & set(ZEROERS) and not zeroes(case):
         return ZEROING_RULE
+    if case.touches is not None and set(case.touches.consumers) & set(CPU_CONSUMERS) and not on_cpu(case):
+        return CPU_RULE
     if attention and any(g.spec.kind == "mamba" and len(g.layers) < max(len(a.layers) for a in attention) for g in case.groups):
         return "a Mamba group has a layer in every pool"
     return None
@@ -751,5 +770,6 @@ def buffer_bytes(case: Case) -> int:
     return case.num_blocks * sum(pages.page(spec).page_bytes for g in case.groups for spec in g.layer_specs)
 
 
-__all__ = ["DTYPE_SIZES", "ZEROERS", "ZEROING_RULE", "RandomSource", "Rejected", "Source", "accepts", "buffer_bytes", "case_seed",
-           "choose_kernel_block_size", "draw_case", "draw_indexed", "for_run", "layer_reason", "unrealistic", "zeroes"]
+__all__ = ["CPU_BACKENDS", "CPU_CONSUMERS", "CPU_RULE", "DTYPE_SIZES", "ZEROERS", "ZEROING_RULE", "RandomSource", "Rejected", "Source",
+           "accepts", "buffer_bytes", "case_seed", "choose_kernel_block_size",
+           "draw_case", "draw_indexed", "for_run", "layer_reason", "on_cpu", "unrealistic", "zeroes"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fuzz.case import Case, GroupCase, SpecCase, Touches, from_dict
-from fuzz.space import ZEROERS, ZEROING_RULE, Rejected, draw_indexed, unrealistic, zeroes
+from fuzz.space import CPU_CONSUMERS, CPU_RULE, ZEROERS, ZEROING_RULE, Rejected, draw_indexed, on_cpu, unrealistic, zeroes
 from fuzz.targets.base import TargetInfo
 from fuzz.verdict.runner import run_case
 
@@ -105,3 +105,24 @@ def test_the_generator_draws_zeroers_only_where_vllm_zeroes(kvfuzz_target):
     drawn, zeroing = drawn_zeroers(info, 1500)
     assert drawn == zeroing
     assert drawn >= 50, f"only {drawn} of 1500 cases run a zeroer"
+
+
+def test_the_cpu_runner_zeroers_run_only_over_backends_the_cpu_platform_selects(kvfuzz_target):
+    info = kvfuzz_target.info
+    if info.backend("TRITON_ATTN") is None or "LBNHC" not in info.layouts:
+        pytest.skip("needs TRITON_ATTN on LBNHC")
+    gpu = Case(groups=(attention(), mamba()), num_blocks=2, layout="LBNHC", touches=Touches(consumers=("cpu-zero",), blocks=(1,)))
+    assert not on_cpu(gpu) and unrealistic(gpu, info) == CPU_RULE
+    assert unrealistic(dataclasses.replace(gpu, touches=Touches(consumers=("zeroer",), blocks=(1,))), info) is None
+    if info.backend("CPU_ATTN") is not None:
+        spec = dataclasses.replace(attention().spec, block_size=32)
+        cpu = dataclasses.replace(attention(), backend="CPU_ATTN", spec=spec, kernel_block_size=32)
+        assert on_cpu(Case(groups=(cpu, mamba()), num_blocks=2, layout="LBNHC"))
+        assert not on_cpu(Case(groups=(cpu, mamba()), num_blocks=2, layout="LBNHC", platform="rocm"))
+    for index in range(1500):
+        try:
+            case = draw_indexed(info, 1, index, touches=True)
+        except Rejected:
+            continue
+        if case.touches is not None and set(case.touches.consumers) & set(CPU_CONSUMERS):
+            assert on_cpu(case), case
