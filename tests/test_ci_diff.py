@@ -292,16 +292,18 @@ def test_ci_locates_a_seeded_change_and_reports_its_lines_executed(tmp_path):
     base = make_checkout(tmp_path / "vllm-base")
     branch = tmp_path / "vllm"
     shutil.copytree(base, branch)
-    views = branch / "vllm" / "v1" / "kv_cache_interface.py"
-    old = "        dense_page_size = prod(compute_layer_kv_cache_shape_bytes(spec, 1)[1:])\n"
-    text = views.read_text()
-    assert old in text, "the installed vLLM's create_kv_cache_views changed; update the seeded change"
-    views.write_text(text.replace(old, old.replace("(spec, 1)[1:])", "(spec, 1))")))
-    line = views.read_text().splitlines().index(old.replace("(spec, 1)[1:])", "(spec, 1))").rstrip("\n")) + 1
-    status, out = run_ci(tmp_path, "--vllm", str(branch), "--baseline", str(base), "--budget", "20", "--report", str(tmp_path / "r.json"))
+    # A layer of a UniformTypeKVCacheSpecs group whose layers differ in size gets its group's first layer's spec.
+    allocation = branch / "vllm" / "v1" / "worker" / "utils.py"
+    old = "            spec = spec.kv_cache_specs[layer_name]\n"
+    wrong = "            spec = next(iter(spec.kv_cache_specs.values()))\n"
+    text = allocation.read_text()
+    assert text.count(old) == 1, "the installed vLLM's allocate_kv_cache changed; update the seeded change"
+    allocation.write_text(text.replace(old, wrong))
+    line = allocation.read_text().splitlines().index(wrong.rstrip("\n")) + 1
+    status, out = run_ci(tmp_path, "--vllm", str(branch), "--baseline", str(base), "--budget", "30", "--report", str(tmp_path / "r.json"))
     stdout = (out / "stdout.txt").read_text()
     assert status == 1, stdout[-3000:]
-    assert f"create_kv_cache_views: vllm/v1/kv_cache_interface.py:{line}" in stdout
+    assert f"allocate_kv_cache: vllm/v1/worker/utils.py:{line}" in stdout
     data = json.loads((tmp_path / "r.json").read_text())["diff_coverage"]
     assert data["executed_lines"] == data["changed_lines"] == 1 and data["cases_reaching"] > 0
     assert "### Diff coverage" in (out / "summary.md").read_text()
