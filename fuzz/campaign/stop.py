@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -66,3 +67,29 @@ def handling() -> Iterator[None]:
         for number, handler in previous.items():
             signal.signal(number, handler)
         _installed, _requested = False, None
+
+
+def wait_or_kill(process: Any, seconds: float) -> bool:
+    """Wait for a subprocess (started in a session of its own) to end, at most `seconds` and no longer than a stop request;
+    False, with its process group killed, when it did not end in time. A stop request kills it and raises Stopped."""
+    deadline = time.monotonic() + seconds
+    try:
+        while process.poll() is None:
+            check()
+            if time.monotonic() > deadline:
+                kill_group(process)
+                return False
+            time.sleep(0.1)
+    except Stopped:
+        kill_group(process)
+        raise
+    return True
+
+
+def kill_group(process: Any) -> None:
+    """SIGKILL the process's group, then reap the process."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()

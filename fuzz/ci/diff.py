@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from fuzz.surface.find import SCOPE, in_scope
+from fuzz.surface.find import SCOPE, definitions, in_scope
 
 IMPORT_TIME = "<import>"  # the qualname of a file's lines outside every function
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -174,7 +174,7 @@ def map_to_functions(path: str, source: str, lines: Iterable[int]) -> list[Chang
     except (SyntaxError, ValueError):
         return []
     running = _running_lines(code)
-    functions = list(_definitions(tree.body, ""))
+    functions = list(definitions(tree.body, ""))
     wanted = sorted(set(lines))
     found: list[ChangedFunction] = []
     claimed: set[int] = set()
@@ -201,18 +201,6 @@ def _running_lines(code: types.CodeType) -> set[int]:
         found.update(line for _, _, line in current.co_lines() if line is not None)
         stack.extend(const for const in current.co_consts if isinstance(const, types.CodeType))
     return found
-
-
-def _definitions(body: list[ast.stmt], prefix: str) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
-    """Top-level functions and methods (nested classes as Outer.Inner.method), as fuzz.surface.find names them."""
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield prefix + node.name, node
-        elif isinstance(node, ast.ClassDef):
-            yield from _definitions(node.body, f"{prefix}{node.name}.")
-        elif isinstance(node, (ast.If, ast.Try)):
-            for part in (node.body, node.orelse, *[handler.body for handler in getattr(node, "handlers", ())]):
-                yield from _definitions(part, prefix)
 
 
 def _signature_end(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -165,7 +164,7 @@ def _reach(source: TargetSource, root: Path, functions: list[Function], options:
     with open(log, "w") as stderr:
         process = subprocess.Popen([sys.executable, "-m", "fuzz.mutate.reach", str(config_path), str(out)], env=_python_env(source),
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
-        _wait(process, config["seconds"] + START_MARGIN_S)
+        stop.wait_or_kill(process, config["seconds"] + START_MARGIN_S)
     if not out.exists():
         lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
         raise TargetError(f"--vllm {source.spec}: tracing the unmutated tree failed before any case ran: {(lines or ['no output'])[-1][:300]}")
@@ -184,7 +183,7 @@ def _one(source: TargetSource, tree: Path | None, corpus_dir: Path, options: Mut
     """Run fuzz.mutate.one to the end (the baseline)."""
     process, out = _start_one(source, tree, corpus_dir, options, budget=budget, stop_at_new=stop_at_new, work=work, name=name,
                               first_index=first_index or {})
-    if not _wait(process, budget + START_MARGIN_S):
+    if not stop.wait_or_kill(process, budget + START_MARGIN_S):
         return {"status": "stillborn", "detail": f"no result within {budget + START_MARGIN_S:g} s"}
     return json.loads(out.read_text()) if out.exists() else {"status": "stillborn", "detail": f"exited with status {process.returncode}"}
 
@@ -203,29 +202,6 @@ def _start_one(source: TargetSource, tree: Path | None, corpus_dir: Path, option
     log.close()
     return process, out
 
-
-def _wait(process: subprocess.Popen[bytes], seconds: float) -> bool:
-    """Wait for a process to end, at most `seconds` and no longer than a stop request; False (and the
-    process killed) when it did not end in time."""
-    deadline = time.monotonic() + seconds
-    try:
-        while process.poll() is None:
-            stop.check()
-            if time.monotonic() > deadline:
-                _kill(process)
-                return False
-            time.sleep(0.1)
-    except stop.Stopped:
-        _kill(process)
-        raise
-    return True
-
-
-def _kill(process: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     process.wait()
 
 
@@ -239,7 +215,7 @@ def _run_mutants(source: TargetSource, root: Path, pending: list[Mutant], option
         return _drive(source, root, queue, running, found, options, work, session, progress)
     finally:
         for _, process, *_ in running.values():  # only left when a stop request cut the run short
-            _kill(process)
+            stop.kill_group(process)
 
 
 def _drive(source: TargetSource, root: Path, queue: list[Mutant], running: dict[str, Any], found: list[tuple[Mutant, dict[str, Any], float]],
@@ -262,7 +238,7 @@ def _drive(source: TargetSource, root: Path, queue: list[Mutant], running: dict[
             if process.poll() is None and elapsed < options.budget + START_MARGIN_S:
                 continue
             if process.poll() is None:
-                _kill(process)
+                stop.kill_group(process)
             result = json.loads(out.read_text()) if out.exists() else {"status": "stillborn", "detail": _last_line(folder / "run.log")}
             del running[key]
             if result["status"] == "found":

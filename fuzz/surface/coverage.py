@@ -152,7 +152,7 @@ def _run_once(env: dict[str, str], config: Path, out: Path, log: Path, seconds: 
     with open(log, "a") as stderr:
         process = subprocess.Popen([sys.executable, "-m", "fuzz.surface.coverage", str(config), str(out)], env=env,
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
-        ended = _wait(process, seconds + START_MARGIN_S)
+        ended = stop.wait_or_kill(process, seconds + START_MARGIN_S)
     return process.returncode if ended else None
 
 
@@ -162,29 +162,6 @@ def _running(out: Path) -> int | None:
         return int(Path(f"{out}.at").read_text().strip())
     except (OSError, ValueError):
         return None
-
-
-def _wait(process: subprocess.Popen[str], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    try:
-        while process.poll() is None:
-            stop.check()
-            if time.monotonic() > deadline:
-                _kill(process)
-                return False
-            time.sleep(0.1)
-    except stop.Stopped:
-        _kill(process)
-        raise
-    return True
-
-
-def _kill(process: subprocess.Popen[str]) -> None:
-    try:
-        os.killpg(process.pid, 9)
-    except ProcessLookupError:
-        pass
-    process.wait()
 
 
 class Tracer:

@@ -140,22 +140,23 @@ def _candidates(relative: str, path: Path) -> Iterator[_Candidate]:
         tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
     except (SyntaxError, ValueError):
         return
-    for qualname, node in _definitions(tree.body, ""):
+    for qualname, node in definitions(tree.body, ""):
         candidate = _Candidate(relative, qualname, node)
         _read(candidate)
         if candidate.verbs or candidate.passes:
             yield candidate
 
 
-def _definitions(body: list[ast.stmt], prefix: str) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+def definitions(body: list[ast.stmt], prefix: str) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """Top-level functions and methods of a module body, named Class.method (nested classes as Outer.Inner.method)."""
     for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield prefix + node.name, node
         elif isinstance(node, ast.ClassDef):
-            yield from _definitions(node.body, f"{prefix}{node.name}.")
+            yield from definitions(node.body, f"{prefix}{node.name}.")
         elif isinstance(node, (ast.If, ast.Try)):  # definitions under `if TYPE_CHECKING:` / `try: import`
             for part in (node.body, node.orelse, *(getattr(node, "handlers", ()) and [h.body for h in node.handlers])):
-                yield from _definitions(part, prefix)
+                yield from definitions(part, prefix)
 
 
 def _first_line(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
