@@ -428,17 +428,32 @@ def zeroes(case: Case) -> bool:
 # 0.28) or AMX_MLA (from 0.29) and nothing else (0.32.0 vllm/platforms/cpu.py get_attn_backend_cls: "if selected_backend and
 # selected_backend != AttentionBackendEnum.CPU_ATTN: logger.info("Cannot use %s backend on CPU.", ...)", then
 # "return AttentionBackendEnum.CPU_ATTN.get_path()"; MLA layers get AMX_MLA or CPU_MLA); from 0.30 DeepSeek V4's CPU model
-# picks its own (models/deepseek_v4/cpu/cpu_mla.py: CPU_V4_MLA_SPARSE, CPU_V4_INDEXER). Synthetic backends stand for any.
+# picks its own (models/deepseek_v4/cpu/cpu_mla.py: CPU_V4_MLA_SPARSE, CPU_V4_INDEXER). A synthetic backend is none of
+# them: the selector never returns a backend of kernel block sizes and layouts kvfuzz made up, so the CPU runner never sees
+# its views (a synthetic backend once stood for any, and drew the CPU zeroer over two full-attention groups of different
+# pages at one pool position, which no CPU backend builds: tests/test_triage_fixes.py).
 CPU_CONSUMERS = ("cpu-zero", "cpu-zeroer")
 CPU_BACKENDS = ("CPU_ATTN", "CPU_MLA", "AMX_MLA", "CPU_V4_MLA_SPARSE", "CPU_V4_INDEXER")
 CPU_RULE = "the CPU model runner runs only on the CPU platform, whose attention backends are " + ", ".join(CPU_BACKENDS)
 
 
 def on_cpu(case: Case) -> bool:
-    """Whether a CPU deployment could build the case (CPU_RULE): every real backend one the CPU platform selects, and no ROCm."""
+    """Whether a CPU deployment could build the case (CPU_RULE): every attention group on a backend the CPU platform selects
+    (no synthetic one), and no ROCm."""
     if case.platform == "rocm":
         return False
-    return all(group.backend is None or group.backend in CPU_BACKENDS for group in case.groups if group.spec.kind != "mamba")
+    return all(group.backend in CPU_BACKENDS for group in case.groups if group.spec.kind != "mamba")
+
+
+# BlockPool's block 0 is its null block (get_kv_cache_config_from_groups: "BlockPool always needs a null_block"; block_pool.py
+# `self.null_block = self.free_block_queue.popleft()`), which no request owns: the scheduler hands the zeroers none of it,
+# copy-on-write copies never name it, and the offloading scheduler skips it (offloading/scheduler.py `if block_id == 0:
+# continue`, 0.28 - 0.34). In a pool of several blocks block 0 is laid out by the same strides as every other block, so
+# asking a consumer about it checks what real blocks get; a pool of one block has no other block, and its block axis has
+# size 1, whose stride torch leaves to the view, so whatever a consumer derives from that stride (the offloading connector's
+# packed block stride, 0.28 offloading/worker.py) addresses no block a request can own. Consumers are still built on such a
+# pool (their set-up runs at start-up and is checked), but asked about no block.
+NULL_BLOCK_RULE = "a pool of one block holds only BlockPool's null block, which vLLM never zeroes, copies or offloads"
 
 
 def _page_buckets(info: TargetInfo, case: Case) -> bool:
@@ -455,6 +470,8 @@ def _touches(source: Source, info: TargetInfo, case: Case) -> Touches:
         consumers = (source.choice(drawable),)
     last = case.num_blocks - 1
     blocks = tuple(sorted({source.integer(0, last) for _ in range(source.integer(1, 2))}))
+    if not last:
+        blocks = ()  # NULL_BLOCK_RULE (drawn all the same, so the rest of the case draws as before)
     copies: tuple[tuple[int, int], ...] = ()
     if last > 0:
         src = source.integer(0, last)
@@ -749,6 +766,8 @@ def unrealistic(case: Case, info: TargetInfo) -> str | None:
         return ZEROING_RULE
     if case.touches is not None and set(case.touches.consumers) & set(CPU_CONSUMERS) and not on_cpu(case):
         return CPU_RULE
+    if case.touches is not None and case.touches.consumers and case.num_blocks == 1 and case.touches.blocks:
+        return NULL_BLOCK_RULE
     if attention and any(g.spec.kind == "mamba" and len(g.layers) < max(len(a.layers) for a in attention) for g in case.groups):
         return "a Mamba group has a layer in every pool"
     return None
@@ -770,6 +789,7 @@ def buffer_bytes(case: Case) -> int:
     return case.num_blocks * sum(pages.page(spec).page_bytes for g in case.groups for spec in g.layer_specs)
 
 
-__all__ = ["CPU_BACKENDS", "CPU_CONSUMERS", "CPU_RULE", "DTYPE_SIZES", "ZEROERS", "ZEROING_RULE", "RandomSource", "Rejected", "Source",
+__all__ = ["CPU_BACKENDS", "CPU_CONSUMERS", "CPU_RULE", "DTYPE_SIZES", "NULL_BLOCK_RULE", "ZEROERS", "ZEROING_RULE", "RandomSource",
+           "Rejected", "Source",
            "accepts", "buffer_bytes", "case_seed", "choose_kernel_block_size",
            "draw_case", "draw_indexed", "for_run", "layer_reason", "on_cpu", "unrealistic", "zeroes"]

@@ -1,0 +1,70 @@
+"""False alarms met while triaging docs/triage (2026-12-05), each pinned where kvfuzz went wrong: the case space drew a
+configuration vLLM never builds. The generator rules live in fuzz/space.py (NULL_BLOCK_RULE, CPU_RULE)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend, Touches
+from fuzz.space import CPU_CONSUMERS, CPU_RULE, NULL_BLOCK_RULE, Rejected, draw_indexed, on_cpu, unrealistic
+
+
+def attention(block_size: int = 16) -> GroupCase:
+    spec = SpecCase(kind="full", block_size=block_size, num_kv_heads=2, head_size=64)
+    return GroupCase(spec=spec, layers=("g0.l0",), backend="TRITON_ATTN", kernel_block_size=block_size)
+
+
+def synthetic(name: str, layer: str, spec: SpecCase) -> GroupCase:
+    backend = SyntheticBackend(name=name, kernel_block_sizes=(f"x{spec.block_size}",))
+    return GroupCase(spec=spec, layers=(layer,), synthetic_backend=backend, kernel_block_size=spec.block_size)
+
+
+@pytest.fixture
+def info(kvfuzz_target):
+    info = kvfuzz_target.info
+    if not info.contract.layout_placed or info.backend("TRITON_ATTN") is None or "offload" not in info.consumers:
+        pytest.skip("needs a layout-placed release with TRITON_ATTN and the offloading connector")
+    return info
+
+
+def test_a_pool_of_one_block_asks_its_consumers_about_no_block(info):
+    """The 0.28.0 region-mismatch (047a3fda9528, FLASH_ATTN_DIFFKV in a cross_layers slab, one block): the connector took the
+    size-1 block axis's stride for the slab's block stride; block 0 of a one-block pool is BlockPool's null block, never
+    offloaded (the offloading scheduler skips block id 0), and with two blocks the same case passes."""
+    one = Case(groups=(attention(),), num_blocks=1, layout="LBNHC", touches=Touches(consumers=("offload",), blocks=(0,)))
+    assert unrealistic(one, info) == NULL_BLOCK_RULE
+    assert unrealistic(dataclasses.replace(one, touches=Touches(consumers=("offload",))), info) is None, "set-up is still checked"
+    assert unrealistic(dataclasses.replace(one, num_blocks=2), info) is None, "block 0 of a larger pool has real blocks' strides"
+    drawn = 0
+    for index in range(1500):
+        try:
+            case = draw_indexed(info, 1, index, touches=True)
+        except Rejected:
+            continue
+        if case.num_blocks == 1 and case.touches is not None and case.touches.consumers:
+            drawn += 1
+            assert not case.touches.blocks, case
+            assert unrealistic(case, info) is None, case
+    assert drawn, "one-block cases still run their consumers' set-up"
+
+
+def test_the_cpu_runner_zeroers_never_run_over_a_synthetic_backend(info):
+    """The 0.32.0 zero-miss (0c4c97c48f4c): CPUModelRunner._zero_block_ids over two synthetic full-attention groups of
+    different pages at one pool position (BLNHC). The CPU platform selects only its own backends, whose layers never make
+    such groups; a synthetic backend is not one of them."""
+    narrow = SpecCase(kind="full", block_size=1, num_kv_heads=1, head_size=16)
+    wide = SpecCase(kind="full", block_size=739, num_kv_heads=1, head_size=4, cache_dtype="int4_per_token_head", dtype="uint8",
+                    kv_quant_mode="int4_per_token_head")
+    groups = (synthetic("beta", "g0.l0", narrow), synthetic("alpha", "g1.l0", wide))
+    case = Case(groups=groups, num_blocks=1, layout="BLNHC", touches=Touches(consumers=("cpu-zero",)))
+    assert not on_cpu(case)
+    assert unrealistic(case, info) == CPU_RULE
+    for index in range(1500):
+        try:
+            drawn = draw_indexed(info, 1, index, touches=True)
+        except Rejected:
+            continue
+        if drawn.touches is not None and set(drawn.touches.consumers) & set(CPU_CONSUMERS):
+            assert all(g.synthetic_backend is None for g in drawn.groups), drawn
