@@ -140,13 +140,24 @@ def _block_outermost_pitch(case: Case) -> int | None:
     if case.layout[0] != "B":
         return None
     group_pages = [[pages.page(spec) for spec in g.layer_specs] for g in case.groups]
-    # An alignment of 0 (no valid stride) is a rejection reason of its own; counted as 1 here so sizing never divides by it.
     return rules.block_outermost_pitch([sum(p.page_bytes for p in layer_pages) for layer_pages in group_pages],
-                                       [max(1, p.block_stride_alignment) for layer_pages in group_pages for p in layer_pages])
+                                       [_sizing_alignment(p) for layer_pages in group_pages for p in layer_pages])
 
 
 def _layer_outer_pitch(page: pages.Page) -> int:
-    return rules.layer_outer_pitch(page.page_bytes, max(1, page.block_stride_alignment))
+    return rules.layer_outer_pitch(page.page_bytes, _sizing_alignment(page))
+
+
+def _sizing_alignment(page: pages.Page) -> int:
+    """The block stride alignment a page is sized with. An alignment of 0 (a kernel block that holds no state: no valid
+    stride) is a rejection reason of its own, but the buffer is still sized as vLLM's planner would size it, so a case
+    whose allocation is too large to run is skipped whether or not the contract expresses it: vLLM takes that kernel
+    block's page from `copy_with_new_block_size`, a `dataclasses.replace` that keeps the block's `page_size_padded` when
+    the kernel page pads to nothing (kv_cache_interface.py, 0.32 - 0.34), so a padded page counts whole; an unpadded
+    one counts 1 (vLLM's lcm is then 0 and its `round_up` divides by zero before anything is allocated, #5)."""
+    if page.block_stride_alignment:
+        return page.block_stride_alignment
+    return page.page_bytes if page.padded else 1
 
 
 def place(group: GroupCase, num_blocks: int, order: str, block_outermost_pitch: int | None) -> Placement | str:

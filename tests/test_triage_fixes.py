@@ -1,5 +1,6 @@
 """False alarms met while triaging docs/triage (2026-12-05), each pinned where kvfuzz went wrong: the case space drew a
-configuration vLLM never builds. The generator rules live in fuzz/space.py (NULL_BLOCK_RULE, CPU_RULE)."""
+configuration vLLM never builds (fuzz/space.py: NULL_BLOCK_RULE, CPU_RULE), or the oracle sized a case it rejects smaller
+than vLLM allocates it, so a case too large to run was run (oracles/layout_placed.py `_sizing_alignment`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend, Touches
 from fuzz.space import CPU_CONSUMERS, CPU_RULE, NULL_BLOCK_RULE, Rejected, draw_indexed, on_cpu, unrealistic
+from oracles import LAYOUT_PLACED_KERNEL_MAP, buffer_bytes, expect
 
 
 def attention(block_size: int = 16) -> GroupCase:
@@ -68,3 +70,29 @@ def test_the_cpu_runner_zeroers_never_run_over_a_synthetic_backend(info):
             continue
         if drawn.touches is not None and set(drawn.touches.consumers) & set(CPU_CONSUMERS):
             assert all(g.synthetic_backend is None for g in drawn.groups), drawn
+
+
+def sliding_mla(layer: str, backend: str, kernel: int, **fields: object) -> GroupCase:
+    spec = SpecCase(kind="sliding_window_mla", num_kv_heads=1, **fields)  # type: ignore[arg-type]
+    return GroupCase(spec=spec, layers=(layer,), backend=backend, kernel_block_size=kernel)
+
+
+def test_a_rejected_case_is_sized_as_vllm_allocates_it():
+    """The 0.34.0 oom (26dbcdc650eb): three sliding-window MLA groups, BLHNC, one block, as 0.34.0's backends declare them
+    (block stride alignments: whole 256-token kernel pages, or ROCM_AITER_MLA_SPARSE's rows). The compressed group's kernel
+    block holds no state (compress_ratio 1024), which the contract refuses (#5); vLLM sizes that kernel page as the block's
+    padded 4,096-byte page and asks for 16,145,633,280 bytes, the lcm of the alignments. kvfuzz skips a case whose buffer
+    is over its limit, but sized that alignment as 1 (63,068,880 bytes), ran the case and met the allocation as an `oom`."""
+    compressed = sliding_mla("g0.l2", "FLASHINFER_MLA_SPARSE_DSV4", 256, block_size=1024, compress_ratio=1024, head_size=3,
+                             alignment=4096, sliding_window=64, block_stride_multiple_of=256)
+    rows = sliding_mla("g1.l1", "ROCM_AITER_MLA_SPARSE", 1, block_size=1, head_size=930, sliding_window=65536,
+                       block_stride_alignment=1860)
+    records = sliding_mla("g2.l2", "DEEPSEEK_V4_FLASHMLA", 256, block_size=512, head_size=1024, cache_dtype="fp8_ds_mla",
+                          dtype="uint8", kv_quant_mode="fp8_per_tensor", model_version="deepseek_v4", alignment=2768,
+                          sliding_window=1, state_content_bytes=528, block_stride_multiple_of=256)
+    case = Case(groups=(compressed, rows, records), num_blocks=1, layout="BLHNC")
+    assert expect(case, LAYOUT_PLACED_KERNEL_MAP).reject_reason is not None
+    assert buffer_bytes(case, LAYOUT_PLACED_KERNEL_MAP) == 16_145_633_280, "the bytes vLLM 0.34.0 tried to allocate"
+    # With a kernel block that holds states (compress_ratio 4) the page was sized so before: the same pitch.
+    fits = dataclasses.replace(compressed, spec=dataclasses.replace(compressed.spec, compress_ratio=4))
+    assert buffer_bytes(dataclasses.replace(case, groups=(fits, rows, records)), LAYOUT_PLACED_KERNEL_MAP) == 16_145_633_280
