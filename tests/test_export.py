@@ -25,7 +25,9 @@ CASES = {10: "d12a95e7e436-8b1b57b9bc44668c", 18: "047a3fda9528-b920c268ecdc4248
          25: "b2cc6e50a21b-8a6683f4aefc2443"}
 # What vLLM 0.34.0's backends declare (supported_kv_cache_layouts), as a release reports them.
 LAYOUTS_034 = {"CPU_ATTN": ("LBHNC",), "ROCM_SEGMENTED_ATTN": ("LHBNC", "LBHNC"), "CPU_MLA": None}
-ALLOWED_IMPORTS = {"sys", "types", "pytest", "torch", "vllm"}
+ALLOWED_IMPORTS = {"copy", "dataclasses", "importlib", "inspect", "sys", "types", "pytest", "torch", "vllm"}
+# How many of the shipped corpus's findings `kvfuzz export corpus` writes a module for (at least).
+EXPORTED_AT_LEAST = 51
 
 
 def finding(number: int):
@@ -171,6 +173,91 @@ def test_exported_test_fails_on_the_installed_vllm(number, tmp_path):
     path.write_text(module.source)
     run = run_isolated(path, None)
     assert run.outcome == "fail", run.output[-3000:]
+
+
+def test_export_corpus_writes_a_module_for_most_findings_and_each_parses(tmp_path):
+    out = io.StringIO()
+    assert main(["export", "corpus", "--out", str(tmp_path)], stdout=out) == 0
+    modules = sorted(tmp_path.glob("test_kvfuzz_*.py"))
+    assert len(modules) >= EXPORTED_AT_LEAST, out.getvalue()
+    for module in modules:
+        source = module.read_text()
+        assert imported_roots(source) <= ALLOWED_IMPORTS, module.name
+        tests = [node.name for node in ast.parse(source).body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
+        assert len(tests) == 1, module.name
+    skipped = [line for line in out.getvalue().splitlines() if "not exported: " in line]
+    assert all(len(line.split("not exported: ")[1]) < 200 for line in skipped)  # one-line reasons
+
+
+def view_module(stem: str):
+    found = read_finding(FINDINGS / f"{stem}.json")
+    return export(found, reach_of(found.case, found.meta, None))
+
+
+def test_view_modules_carry_the_rule_the_expectation_and_the_contracts():
+    # A valid case before 0.29 (a synthetic backend beside a Mamba layer): the views per contract, as plain numbers.
+    valid = view_module("aac71ff7c28d-5269973ff7dfcfb3").source
+    assert 'CONTRACTS = ("shaped-0.21", "shaped-0.22")' in valid and "EXPECTED = {" in valid
+    assert '"shape": (2, 16, 1, 32)' in valid and "0: [(0, 1024)]" in valid
+    assert "class SyntheticAlphaBackend(AttentionBackend):" in valid and "return (num_blocks, block_size, num_kv_heads, 2 * head_size)" in valid
+    assert "MambaSpec(block_size=16, shapes=((4, 16),), dtypes=(torch.float32,), page_size_padded=1024)" in valid
+    assert "check_views(kv_caches, EXPECTED[release_contract()])" in valid
+    # An invalid case on 0.29+: vLLM must refuse it, with the oracle's reason quoted.
+    invalid = view_module("0c54c1bb01ae-65dc68d7c07d77cf").source
+    assert "with pytest.raises((ValueError, NotImplementedError)):" in invalid and "EXPECTED" not in invalid
+    assert "a kernel block must hold a whole number of compressed states" in invalid.replace("\n    # ", " ")
+    assert 'monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "LBNHC")' in invalid  # a synthetic backend runs the case's layout
+    # A backend a model brings (outside vLLM's registry) is imported from where the release keeps it.
+    model_backend = view_module("2b00d49a5da4-44c36a965992e553").source
+    assert "backend_class(BACKEND, (" in model_backend and "vllm.models.deepseek_v4" in model_backend
+
+
+def test_view_exporter_names_what_it_cannot_write():
+    for stem, reason in (("7cd52a70140c-afaa306cc653f16e", "KV-sharing layers"),
+                         ("ca0f737b67c6-8abd1e5d56c29dc4", "declared cache shape")):
+        with pytest.raises(NoTemplate, match=reason):
+            view_module(stem)
+
+
+# Exported view modules run on cached releases without kvfuzz: (corpus file, release, outcome). "fail" on a release the
+# finding affects; "pass" on the first release after them, which fixed it; "skip" where a release follows a contract
+# under which the case is no longer what the finding says (560eb0b7d550: 0.27 views Mamba pages differently).
+VIEW_RUNS = [
+    ("aac71ff7c28d-5269973ff7dfcfb3", "0.21.0", "fail"),  # page-escape: a synthetic backend beside a Mamba layer
+    ("aac71ff7c28d-5269973ff7dfcfb3", "0.22.0", "pass"),  # (0.22 splits the block into kernel blocks: its own EXPECTED)
+    ("aac71ff7c28d-77dd4c3314c7fff1", "0.21.0", "fail"),  # page-escape: a sink layer beside a Mamba layer
+    ("aac71ff7c28d-77dd4c3314c7fff1", "0.23.0", "pass"),
+    ("91fb613fddeb-98690157077bbf82", "0.22.0", "fail"),  # order
+    ("91fb613fddeb-98690157077bbf82", "0.23.0", "pass"),
+    ("1090c5877ec1-f8222a860eff2202", "0.21.0", "fail"),  # crash-on-valid in _update_hybrid_attention_layout
+    ("1090c5877ec1-f8222a860eff2202", "0.23.0", "pass"),
+    ("6ba42aa94c64-7238cbb0d6fcd77b", "0.21.0", "fail"),  # crash-on-valid (an assertion) in _update_hybrid_attention_layout
+    ("6ba42aa94c64-7238cbb0d6fcd77b", "0.22.0", "pass"),
+    ("3cd7c847eaba-4fd12df3c57adfed", "0.22.0", "fail"),  # crash-on-valid in _reshape_kv_cache (compressed MLA)
+    ("3cd7c847eaba-4fd12df3c57adfed", "0.23.0", "pass"),
+    ("fd0bf7e86087-5128a0d5457624c3", "0.22.0", "fail"),
+    ("fd0bf7e86087-5128a0d5457624c3", "0.23.0", "pass"),
+    ("560eb0b7d550-1bf4091cbc166aa3", "0.21.0", "fail"),  # crash-on-invalid: a Mamba-only model
+    ("560eb0b7d550-1bf4091cbc166aa3", "0.27.0", "skip"),
+    ("a3ae627f0e11-72c3ddc944c76567", "0.29.0", "fail"),  # accepted-invalid, 0.29+
+    ("0c54c1bb01ae-65dc68d7c07d77cf", "0.29.0", "fail"),  # crash-on-invalid in create_kv_cache_views
+    ("0a7967da01d8-8508129e4b9fb775", "0.29.0", "fail"),  # crash-on-valid in create_kv_cache_views
+    ("2b00d49a5da4-44c36a965992e553", "0.32.0", "fail"),  # crash-on-invalid in round_up (DeepSeek V4's own backend)
+]
+
+
+@pytest.mark.slow
+@pytest.mark.releases
+@pytest.mark.parametrize(("stem", "version", "outcome"), VIEW_RUNS)
+def test_exported_view_module_on_a_release(stem, version, outcome, tmp_path):
+    from fuzz.export.isolated import run_isolated
+
+    tree = _release_tree(version)
+    module = view_module(stem)
+    path = tmp_path / module.file_name
+    path.write_text(module.source)
+    run = run_isolated(path, tree)
+    assert run.outcome == outcome, run.output[-3000:]
 
 
 def test_isolated_run_cannot_import_kvfuzz(tmp_path):

@@ -11,11 +11,16 @@ from fuzz.case import Case, GroupCase, SpecCase
 from fuzz.export.finding import FindingFile
 from fuzz.export.reach import Reach
 
-SPEC_CLASSES = {"full": "FullAttentionSpec", "mla": "MLAAttentionSpec", "sliding_window": "SlidingWindowSpec"}
-# Case fields an exported spec carries, and their defaults (a field away from its default needs a template that knows it).
-PLAIN_DEFAULTS = {"page_size_padded": None, "alignment": None, "compress_ratio": 1, "model_version": None, "attention_chunk_size": None,
-                  "sink_len": None, "num_head_slots": None, "state_content_bytes": None, "block_stride_alignment": None,
-                  "block_stride_multiple_of": None, "rope_dim": None, "topk_buffer_width": None, "is_draft": False}
+SPEC_CLASSES = {"full": "FullAttentionSpec", "mla": "MLAAttentionSpec", "sliding_window": "SlidingWindowSpec",
+                "sliding_window_mla": "SlidingWindowMLASpec", "chunked_local": "ChunkedLocalAttentionSpec",
+                "sink": "SinkFullAttentionSpec", "cross": "CrossAttentionSpec", "mamba": "MambaSpec"}
+MLA_KINDS = ("mla", "sliding_window_mla")
+# Case fields an exported spec carries as vLLM's constructor arguments of the same name, with their defaults.
+CARRIED_DEFAULTS = {"head_size_v": None, "sliding_window": None, "attention_chunk_size": None, "sink_len": None,
+                    "page_size_padded": None, "alignment": None, "model_version": None}
+# Case fields no exporter carries yet, and their defaults (a field away from its default needs a template that knows it).
+PLAIN_DEFAULTS = {"num_head_slots": None, "state_content_bytes": None, "block_stride_alignment": None, "block_stride_multiple_of": None,
+                  "rope_dim": None, "topk_buffer_width": None, "is_draft": False, "state_alignment": 1}
 
 
 class NoTemplate(Exception):
@@ -45,21 +50,27 @@ def layer_names(case: Case) -> dict[str, str]:
     return {name: layer_name(index) for index, name in enumerate(ordered)}
 
 
-def spec_call(spec: SpecCase, num_kv_heads: int | None = None) -> str:
-    """The case's spec as a vLLM spec constructor call with literal arguments."""
+def spec_call(spec: SpecCase, num_kv_heads: int | None = None, placed: bool = True) -> str:
+    """The case's spec as a vLLM spec constructor call with literal arguments. `placed`: vLLM 0.29+, where a compressed
+    spec's ratio is `tokens_per_state` (`compress_ratio` before)."""
     cls = SPEC_CLASSES.get(spec.kind)
     if cls is None:
         raise NoTemplate(f"no exporter builds {spec.kind} specs yet")
     unusual = [name for name, default in PLAIN_DEFAULTS.items() if getattr(spec, name) != default]
-    if unusual or spec.mamba_shapes or spec.kv_quant_mode != "none" or spec.registered_cache_dtype:
+    if unusual or spec.kv_quant_mode != "none" or spec.registered_cache_dtype:
         raise NoTemplate(f"no exporter carries spec field(s) {', '.join(unusual) or 'kv_quant_mode'} yet")
+    if spec.kind == "mamba":
+        dtypes = ", ".join(f"torch.{dtype}" for dtype in spec.mamba_dtypes) + ("," if len(spec.mamba_dtypes) == 1 else "")
+        args = [f"block_size={spec.block_size}", f"shapes={tuple(tuple(shape) for shape in spec.mamba_shapes)!r}", f"dtypes=({dtypes})"]
+        if spec.page_size_padded is not None:
+            args.append(f"page_size_padded={spec.page_size_padded}")
+        return f"{cls}({', '.join(args)})"
     args = [f"block_size={spec.block_size}", f"num_kv_heads={num_kv_heads or spec.num_kv_heads}", f"head_size={spec.head_size}",
             f"dtype=torch.{spec.dtype}"]
-    if spec.head_size_v is not None:
-        args.append(f"head_size_v={spec.head_size_v}")
-    if spec.sliding_window is not None:
-        args.append(f"sliding_window={spec.sliding_window}")
-    if spec.kind == "mla":
+    args += [f"{name}={json.dumps(getattr(spec, name))}" for name, default in CARRIED_DEFAULTS.items() if getattr(spec, name) != default]
+    if spec.compress_ratio != 1:
+        args.append(f"{'tokens_per_state' if placed else 'compress_ratio'}={spec.compress_ratio}")
+    if spec.kind in MLA_KINDS:
         args.append(f"cache_dtype_str={json.dumps(spec.cache_dtype)}")
     elif spec.cache_dtype != "auto":
         raise NoTemplate(f"no exporter stores cache dtype {spec.cache_dtype} yet")

@@ -9,6 +9,7 @@ from __future__ import annotations
 WORKER_UTILS = "vllm.v1.worker.utils"
 INTERFACE = "vllm.v1.kv_cache_interface"
 BACKEND_UTILS = "vllm.v1.attention.backends.utils"
+V2_ATTN_UTILS = "vllm.v1.worker.gpu.attn_utils"
 
 WHERE: dict[str, tuple[str, ...]] = {
     "VllmConfig": ("vllm.config",),
@@ -22,6 +23,22 @@ WHERE: dict[str, tuple[str, ...]] = {
     "FullAttentionSpec": (INTERFACE,),
     "MLAAttentionSpec": (INTERFACE,),
     "SlidingWindowSpec": (INTERFACE,),
+    "SlidingWindowMLASpec": (INTERFACE,),
+    "ChunkedLocalAttentionSpec": (INTERFACE,),
+    "SinkFullAttentionSpec": (INTERFACE,),
+    "CrossAttentionSpec": (INTERFACE,),
+    "MambaSpec": (INTERFACE,),
+    "AttentionBackend": ("vllm.v1.attention.backend", "vllm.v1.attention.backends.abstract"),
+    "MultipleOf": ("vllm.v1.attention.backend", "vllm.v1.attention.backends.abstract"),
+    "KVCacheLayout": ("vllm.v1.kv_cache_layout",),
+    "KVTransferConfig": ("vllm.config",),
+    "select_common_block_size": (WORKER_UTILS,),
+    "AttentionSpec": (INTERFACE,),
+    "KVCacheSpec": (INTERFACE,),
+    "KVCacheTensor": (INTERFACE,),
+    "_allocate_kv_cache": (V2_ATTN_UTILS,),
+    "_reshape_kv_cache": (V2_ATTN_UTILS,),
+    "GPUModelRunner": ("vllm.v1.worker.gpu_model_runner",),
     "KVCacheGroupSpec": (INTERFACE,),
     "UniformTypeKVCacheSpecs": (INTERFACE,),
     "KVQuantMode": (INTERFACE,),
@@ -43,6 +60,13 @@ SHIMS: dict[str, list[str]] = {
 # Names only some releases have: the test skips (with this reason) where the name is missing.
 OPTIONAL: dict[str, str] = {
     "register_kv_cache_dtype": "the dtype-handler registry (vLLM 0.33+)",
+    "_reshape_kv_cache": "the V2 model runner's _reshape_kv_cache (vLLM 0.19 - 0.28; 0.29 replaced it with allocate_kv_cache)",
+    "_allocate_kv_cache": "the V2 model runner's _allocate_kv_cache (vLLM 0.19 - 0.28)",
+    "GPUModelRunner": "the V1 model runner (vllm/v1/worker/gpu_model_runner.py, gone in 0.34)",
+}
+# Names only some releases have, None elsewhere: the test runs that step only where the release has it.
+NONE_WHERE_MISSING: dict[str, str] = {
+    "map_kv_caches_to_kernel_blocks": "vLLM 0.32+ binds kernel-block views to layers",
 }
 
 
@@ -53,7 +77,7 @@ def import_block(names: set[str], stdlib: tuple[str, ...] = ()) -> str:
     moved: list[str] = []
     for name in sorted(names):
         modules = WHERE[name]
-        if len(modules) == 1 and name not in OPTIONAL and name not in SHIMS:
+        if len(modules) == 1 and name not in OPTIONAL and name not in SHIMS and name not in NONE_WHERE_MISSING:
             plain.setdefault(modules[0], []).append(name)
         else:
             moved.append(name)
@@ -80,4 +104,6 @@ def _fallbacks(name: str) -> list[str]:
         lines += ["except ImportError:", f"    from {module} import {name}"]
     if name in SHIMS:
         lines += ["except ImportError:", *SHIMS[name]]
+    if name in NONE_WHERE_MISSING:
+        lines += [f"except ImportError:  # {NONE_WHERE_MISSING[name]}", f"    {name} = None"]
     return lines

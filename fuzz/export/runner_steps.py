@@ -1,12 +1,13 @@
 """The V2 model runner's walk up to the allocation (vLLM 0.29+), written out for one exported case: the backend's
-specs, the layout vLLM resolves, the planner's KVCacheConfig, KV-sharing layers, attention groups, kernel block sizes
-and `allocate_kv_cache`'s views."""
+specs, the layout vLLM resolves, the planner's KVCacheConfig, KV-sharing layers, attention groups, kernel block sizes,
+`allocate_kv_cache`'s views and (vLLM 0.32+, with `kernel_map`) the kernel-block views layers are bound to."""
 
 from __future__ import annotations
 
 import json
+import textwrap
 
-from fuzz.case import Case, GroupCase
+from fuzz.case import Case, GroupCase, SyntheticBackend
 from fuzz.export.code import Module, NoTemplate, indent, layer_names, layout_lines, one_group, spec_call
 from fuzz.export.finding import FindingFile
 from fuzz.export.reach import Reach
@@ -17,30 +18,110 @@ NAMES = ("AttentionBackendEnum", "customize_attention_spec", "get_supported_kv_c
 
 
 def layout_override(reach: Reach | None, case: Case) -> str | None:
-    """The VLLM_KV_CACHE_LAYOUT value the reach says the case needs (None: vLLM's own choice)."""
+    """The VLLM_KV_CACHE_LAYOUT value the reach says the case needs (None: vLLM's own choice). A platform's own
+    (synthetic) backend runs with the case's layout, whatever vLLM would pick for it."""
     for override in reach.overrides if reach else ():
         if override.startswith("VLLM_KV_CACHE_LAYOUT="):
             return override.split("=", 1)[1]
-    return None
+    return case.layout if any(g.synthetic_backend is not None for g in case.groups) else None
 
 
 def quoted(text: str) -> str:
     return json.dumps(text)
 
 
-def check_case(finding: FindingFile) -> GroupCase:
+def check_case(finding: FindingFile, synthetic: bool = False) -> GroupCase:
+    """The case's one KV-cache group; NoTemplate where no exporter writes the case. `synthetic`: the template writes
+    a synthetic backend as a platform's own backend class in the module."""
     case = finding.case
     if not finding.layout_placed:
         raise NoTemplate("exporters drive the allocation of vLLM 0.29+ (KVCacheLayout) only; this finding is older")
     if case.packing not in ("none", "uniform_type") or case.runner != "v2" or case.platform != "cuda" or case.spec_source != "case":
         raise NoTemplate(f"no exporter writes {case.describe()} yet (runner, packing, platform or vLLM-built specs)")
+    if synthetic and len(case.groups) == 1 and case.groups[0].synthetic_backend is not None:
+        return case.groups[0]
     return one_group(case)
+
+
+def kernel_sizes(sizes: tuple[int | str, ...]) -> str:
+    """A synthetic backend's kernel block sizes as vLLM declares them ("x16": any multiple of 16)."""
+    return "[" + ", ".join(f"MultipleOf({size[1:]})" if isinstance(size, str) else str(size) for size in sizes) + "]"
+
+
+def synthetic_class(backend: SyntheticBackend, module: Module) -> str:
+    """A synthetic backend as the class a platform would register: the kernel block sizes and layouts it declares;
+    it keeps the spec it is given."""
+    module.names.update(("AttentionBackend", "MultipleOf"))
+    if backend.layouts is None:
+        layouts = "None  # no preference: vLLM's default order"
+    else:
+        module.names.add("KVCacheLayout")
+        layouts = "(" + "".join(f"KVCacheLayout.{name}, " for name in backend.layouts).rstrip(" ") + ")"
+    return f'''
+class {backend_class_name(backend)}(AttentionBackend):
+    """A platform's own attention backend (kvfuzz's synthetic `{backend.name}`): the kernel block sizes and KV-cache
+    layouts it declares; its spec is the model's."""
+
+    @staticmethod
+    def get_name():
+        return "{backend.registered_name}"
+
+    @classmethod
+    def get_supported_kernel_block_sizes(cls, spec=None):
+        return {kernel_sizes(backend.kernel_block_sizes)}
+
+    @classmethod
+    def supported_kv_cache_layouts(cls):
+        return {layouts}
+
+    @classmethod
+    def customize_spec(cls, spec):
+        return spec
+'''
+
+
+BACKEND_LOOKUP = '''
+    def backend_class(name, paths):
+        """The attention backend vLLM registers as `name`, or (a backend a model brings, outside the registry) the
+        class at the first of `paths` this vLLM has. Skips where there is none, or where it cannot be imported here."""
+        if name in AttentionBackendEnum.__members__:
+            try:
+                return AttentionBackendEnum[name].get_class()
+            except ImportError as error:
+                pytest.skip(f"{name} cannot be imported here: {error}")
+        for path in paths:
+            module, _, cls = path.rpartition(".")
+            try:
+                return getattr(importlib.import_module(module), cls)
+            except (ImportError, AttributeError):
+                continue
+        pytest.skip(f"this vLLM has no {name} backend")
+'''
+
+
+def shipped_backend(variable: str, name: str, backend: str, module: Module) -> list[str]:
+    """`variable = ` the shipped backend `backend` (its name in the module's constant `name`), by the module's
+    backend_class helper."""
+    from fuzz.targets.common import BACKEND_CLASSES  # imports torch: only when a module is written
+
+    paths = tuple(".".join((m if m.startswith("vllm.") else "vllm.v1.attention.backends." + m, c))
+                  for m, c in (path.split(":") for path in BACKEND_CLASSES.get(backend, ())))
+    if textwrap.dedent(BACKEND_LOOKUP).strip("\n") not in module.parts:
+        module.add(BACKEND_LOOKUP, "AttentionBackendEnum")
+    if len(paths) < 2:
+        return [f"{variable} = backend_class({name}, ({''.join(quoted(path) + ',' for path in paths)}))"]
+    return [f"{variable} = backend_class({name}, (", *(f"    {quoted(path)}," for path in paths), "))"]
+
+
+def backend_class_name(backend: SyntheticBackend) -> str:
+    return "Synthetic" + backend.name.title().replace("_", "") + "Backend"
 
 
 def constants(finding: FindingFile, group: GroupCase) -> str:
     case = finding.case
     names = layer_names(case)
-    lines = [f'BACKEND = "{group.backend}"', f"NUM_BLOCKS = {case.num_blocks}",
+    backend = group.backend if group.synthetic_backend is None else group.synthetic_backend.registered_name
+    lines = [f'BACKEND = "{backend}"', f"NUM_BLOCKS = {case.num_blocks}",
              f"LAYERS = [{', '.join(quoted(names[n]) for n in group.layers)}]"]
     if case.kv_sharing:
         lines += ["# Each KV-sharing layer and the layer whose cache it reads.",
@@ -48,16 +129,19 @@ def constants(finding: FindingFile, group: GroupCase) -> str:
     return "\n".join(lines)
 
 
-def steps(finding: FindingFile, reach: Reach | None, module: Module, refusal_ok: bool = False) -> str:
+def steps(finding: FindingFile, reach: Reach | None, module: Module, refusal_ok: bool = False, kernel_map: bool = False) -> str:
     """The test body up to `kv_caches`, the views layers are given (sharing layers alias their target's).
-    With `refusal_ok`, vLLM refusing the layout up front ends the test as a pass."""
+    With `refusal_ok`, vLLM refusing the layout up front ends the test as a pass. With `kernel_map`, the views are the
+    kernel-block views the runner binds to layers where vLLM maps them (0.32+: map_kv_caches_to_kernel_blocks), and the
+    manager views elsewhere. A synthetic backend is the module's class of synthetic_class."""
     case = finding.case
-    group = check_case(finding)
+    group = check_case(finding, synthetic=True)
     spec_class = spec_call(group.spec).split("(")[0]
     module.names.update(NAMES + (spec_class,))
-    lines = ["if BACKEND not in AttentionBackendEnum.__members__:",
-             '    pytest.skip(f"this vLLM has no {BACKEND} backend")',
-             "backend = AttentionBackendEnum[BACKEND].get_class()"]
+    if group.synthetic_backend is not None:
+        lines = [f"backend = {backend_class_name(group.synthetic_backend)}"]
+    else:
+        lines = shipped_backend("backend", "BACKEND", group.backend, module)
     if group.layer_heads:
         module.names.add("UniformTypeKVCacheSpecs")
         lines.append("layer_specs = {")
@@ -93,4 +177,13 @@ def steps(finding: FindingFile, reach: Reach | None, module: Module, refusal_ok:
               'kv_caches = allocate_kv_cache(kv_cache_config, torch.device("cpu"), layout, kernel_block_sizes)']
     if case.kv_sharing:
         lines += ["for layer, target in SHARED_LAYERS.items():", "    kv_caches[layer] = kv_caches[target]"]
+    if kernel_map:
+        module.names.update(("map_kv_caches_to_kernel_blocks", "select_common_block_size"))
+        lines += ["if map_kv_caches_to_kernel_blocks is not None:",
+                  "    # Each attention group's kernel block size, as create_metadata_builders picks it, then the views layers bind.",
+                  "    for group in attn_groups[0]:",
+                  "        size = select_common_block_size(kernel_block_sizes[0], [group.backend], [group.kv_cache_spec])",
+                  "        if size != group.kv_cache_spec.block_size:",
+                  "            group.kernel_block_size = size",
+                  "    kv_caches = map_kv_caches_to_kernel_blocks(kv_caches, attn_groups[0])"]
     return indent("\n".join(lines))

@@ -6,8 +6,9 @@ import ast
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fuzz.export import connector, kernel_write, quant_mode
+from fuzz.export import connector, kernel_write, placed_views, quant_mode, shaped_views
 from fuzz.export.code import Module, NoTemplate
+from fuzz.export.expected import INVALID_KINDS, VALID_KINDS
 from fuzz.export.finding import FindingFile
 from fuzz.export.imports import import_block
 from fuzz.export.reach import Reach
@@ -20,6 +21,17 @@ TEMPLATES: tuple[tuple[tuple[str, ...], str, Template], ...] = (
     (connector.KINDS, "register_kv_caches", connector.connector_test),
     (kernel_write.KINDS, "do_kv_cache_update", kernel_write.kernel_write_test),
 )
+# The functions of the view path (and the planner ahead of it), where a finding's test checks the views or the refusal.
+VIEW_FUNCTIONS = ("reshape", "_reshape_kv_cache", "_reshape_attention_kv_cache", "_update_hybrid_attention_layout",
+                  "_update_hybrid_attention_mamba_layout", "_reshape_kv_cache_tensors", "create_kv_cache_views",
+                  "compute_layout_strides", "allocate_kv_cache", "round_up", "map_kv_cache_to_kernel_blocks",
+                  "map_kv_caches_to_kernel_blocks", "get_kv_cache_config_from_groups")
+
+
+def view_test(finding: FindingFile, reach: Reach | None) -> Module:
+    if finding.layout_placed:
+        return placed_views.placed_views_test(finding, reach)
+    return shaped_views.shaped_views_test(finding, reach)
 
 
 @dataclass(frozen=True)
@@ -37,6 +49,8 @@ def template_for(finding: FindingFile) -> Template:
     for kinds, function, template in TEMPLATES:
         if finding.kind in kinds and finding.function == function:
             return template
+    if finding.kind in INVALID_KINDS + VALID_KINDS and finding.function in VIEW_FUNCTIONS:
+        return view_test
     raise NoTemplate(f"no exporter for {finding.kind} in {finding.function} yet")
 
 
@@ -45,7 +59,7 @@ def export(finding: FindingFile, reach: Reach | None) -> Exported:
     module = template_for(finding)(finding, reach)
     head, *rest = module.parts
     body = "\n".join(rest)
-    stdlib = tuple(name for name in ("sys", "types") if f"{name}." in body)
+    stdlib = tuple(name for name in ("copy", "dataclasses", "importlib", "inspect", "sys", "types") if f"{name}." in body)
     source = "\n\n".join([head, import_block(module.names, stdlib), *rest[:1]]) + "\n\n\n" + "\n\n\n".join(rest[1:]) + "\n"
     ast.parse(source)  # a template that writes broken Python is kvfuzz's bug: fail here, not in a maintainer's suite
     return Exported(finding, source, module.title)

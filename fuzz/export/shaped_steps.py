@@ -1,0 +1,209 @@
+"""The model runners' walk up to the views before vLLM 0.29, written out for one exported case: the groups' specs, the
+planner's KVCacheConfig, attention groups, kernel block sizes, then the V2 runner's `_allocate_kv_cache` and
+`_reshape_kv_cache` (vllm/v1/worker/gpu/attn_utils.py, generations G1-G4) in the signature the release has, or the V1
+runner's `initialize_kv_cache_tensors` (vllm/v1/worker/gpu_model_runner.py) on a runner built as vLLM's worker tests
+build one."""
+
+from __future__ import annotations
+
+from fuzz.case import GroupCase, SyntheticBackend, parse_shape_entry
+from fuzz.export.code import Module, NoTemplate, indent, layer_names, spec_call
+from fuzz.export.finding import FindingFile
+from fuzz.export.runner_steps import backend_class_name, kernel_sizes, quoted, shipped_backend
+
+NAMES = ("AttentionBackendEnum", "AttentionBackend", "AttentionSpec", "get_kv_cache_config_from_groups", "KVCacheGroupSpec",
+         "AttentionGroup", "prepare_kernel_block_sizes", "_allocate_kv_cache", "_reshape_kv_cache", "KVCacheSpec", "KVCacheTensor")
+SYMBOLS = {"B": "num_blocks", "T": "block_size", "H": "num_kv_heads", "D": "head_size"}
+
+PROBE = '''
+    def release_contract():
+        """The kvfuzz contract this vLLM's _reshape_kv_cache follows, told apart as kvfuzz tells it (by what the release
+        offers: kernel block sizes, the hybrid-layout pass, packed tensors, page-size buckets, storage block sizes)."""
+        hybrid_pass = hasattr(sys.modules[_reshape_kv_cache.__module__], "_update_hybrid_attention_layout")
+        if "kernel_block_sizes" in inspect.signature(_reshape_kv_cache).parameters:
+            if not hybrid_pass:
+                return "shaped-0.27"
+            if "block_stride" in {field.name for field in dataclasses.fields(KVCacheTensor)}:
+                return "shaped-0.24"
+            buckets = hasattr(sys.modules[get_kv_cache_config_from_groups.__module__], "_bucket_layers_by_page_size")
+            return "shaped-0.23" if buckets else "shaped-0.22"
+        if not hasattr(KVCacheSpec, "storage_block_size"):
+            return "shaped-0.19"
+        return "shaped-0.21" if hybrid_pass else "shaped-0.20"
+'''
+
+RESHAPE = '''
+    def reshape_kv_cache(kv_cache_config, attn_groups, kernel_block_sizes, cache_dtype):
+        """The V2 model runner's init_kv_cache up to the views (vllm/v1/worker/gpu/attn_utils.py), in the signature this
+        release's _allocate_kv_cache and _reshape_kv_cache take (they changed in 0.22, 0.23 and 0.24)."""
+        shared = {}  # no KV-sharing layers
+        if "shared_layers" in inspect.signature(_allocate_kv_cache).parameters:
+            raw = _allocate_kv_cache(kv_cache_config, shared, torch.device("cpu"))
+        else:
+            raw = _allocate_kv_cache(kv_cache_config, torch.device("cpu"))
+        params = inspect.signature(_reshape_kv_cache).parameters
+        groups = [group for per_group in attn_groups for group in per_group]
+        if "attn_groups" in params:
+            extra = {"kv_cache_config": kv_cache_config} if "kv_cache_config" in params else {}
+            return _reshape_kv_cache(attn_groups=groups, kv_cache_raw_tensors=raw, cache_dtype=cache_dtype,
+                                     kernel_block_sizes=kernel_block_sizes, shared_kv_cache_layers=shared, **extra)
+        backends = {name: group.backend for group in groups for name in group.layer_names
+                    if isinstance(group.kv_cache_spec, AttentionSpec)}
+        extra = (kernel_block_sizes, shared) if "kernel_block_sizes" in params else ()
+        return _reshape_kv_cache(kv_cache_config, raw, backends, cache_dtype, *extra)
+'''
+
+
+V1_RUNNER = '''
+    class BoundLayer:
+        """A layer in the forward context, as bind_kv_cache fills it (`.kv_cache` up to 0.26, `.bind_kv_cache()` from 0.27)."""
+
+        def __init__(self):
+            self.kv_cache = torch.tensor([])
+
+        def bind_kv_cache(self, kv_cache):
+            self.kv_cache = kv_cache
+
+
+    def v1_kv_caches(vllm_config, kv_cache_config, attn_groups, kernel_block_sizes, cache_dtype):
+        """The V1 model runner's initialize_kv_cache_tensors on a runner built as vLLM's worker tests build one
+        (object.__new__ and only the attributes the method reads): the views it binds to each layer."""
+        layers = {name: BoundLayer() for group in kv_cache_config.kv_cache_groups for name in group.layer_names}
+        runner = object.__new__(GPUModelRunner)
+        cache_config = copy.copy(vllm_config.cache_config)
+        cache_config.cache_dtype = cache_dtype  # the V1 runner asks backends for the one global cache dtype
+        attributes = {
+            "vllm_config": vllm_config, "cache_config": cache_config, "device": torch.device("cpu"), "pin_memory": False,
+            "compilation_config": types.SimpleNamespace(static_forward_context=layers),
+            "model_config": types.SimpleNamespace(hf_config=types.SimpleNamespace(model_type="test")),
+            "attn_groups": attn_groups, "kv_cache_config": kv_cache_config, "runner_only_attn_layers": set(),
+            "shared_kv_cache_layers": {}, "kv_caches": [], "speculative_config": None, "drafter": None,
+            "cross_layers_kv_cache": None, "cross_layers_attn_backend": None, "_kernel_block_sizes": kernel_block_sizes,
+        }
+        for name, value in attributes.items():
+            setattr(runner, name, value)
+        runner.initialize_kv_cache_tensors(kv_cache_config, kernel_block_sizes)
+        return {name: layer.kv_cache for name, layer in layers.items()}
+'''
+
+
+def check_case(finding: FindingFile) -> None:
+    case = finding.case
+    if finding.layout_placed:
+        raise NoTemplate("the pre-0.29 view exporter writes vLLM 0.19 - 0.28's _reshape_kv_cache only")
+    if case.runner not in (None, "v1", "v2") or case.platform != "cuda" or case.spec_source != "case":
+        raise NoTemplate(f"no exporter writes {case.describe()} yet (both model runners, platform or vLLM-built specs)")
+    if case.kv_sharing or case.packing == "uniform_type":
+        raise NoTemplate("the pre-0.29 view exporter writes no KV-sharing layers or UniformTypeKVCacheSpecs groups yet")
+    if not case.groups:
+        raise NoTemplate("an attention-free model has no views to check")
+    for group in case.groups:
+        if group.layer_heads:
+            raise NoTemplate("the pre-0.29 view exporter writes no layers that differ in heads yet")
+        if group.spec.kind != "mamba" and group.backend is None and group.synthetic_backend is None:
+            raise NoTemplate("an attention group without a backend")
+        backend = group.synthetic_backend
+        if backend is not None and (backend.shape is None or group.spec.cache_dtype != "auto"):
+            raise NoTemplate("a synthetic backend without a declared shape, or with a quantized cache")
+        if group.backend is not None and case.layout != "NHD":
+            raise NoTemplate(f"a shipped backend asked for its {case.layout} declaration (the exporter writes vLLM's default, NHD)")
+
+
+def shape_expression(pattern: tuple[int | str, ...]) -> str:
+    entries = []
+    for entry in pattern:
+        factor, symbol = parse_shape_entry(entry)
+        entries.append(str(factor) if symbol is None else SYMBOLS[symbol] if factor == 1 else f"{factor} * {SYMBOLS[symbol]}")
+    return "(" + ", ".join(entries) + ("," if len(entries) == 1 else "") + ")"
+
+
+def synthetic_class(backend: SyntheticBackend, module: Module) -> str:
+    """A synthetic backend as the class a platform would register: its cache shape, stride order and kernel block sizes."""
+    assert backend.shape is not None
+    module.names.update(("AttentionBackend", "MultipleOf"))
+    order = tuple(backend.stride_order) if backend.stride_order is not None else tuple(range(len(backend.shape)))
+    return f'''
+class {backend_class_name(backend)}(AttentionBackend):
+    """A platform's own attention backend (kvfuzz's synthetic `{backend.name}`): the cache shape, stride order and
+    kernel block sizes it declares."""
+
+    @staticmethod
+    def get_name():
+        return "{backend.registered_name}"
+
+    @classmethod
+    def get_supported_kernel_block_sizes(cls, spec=None):
+        return {kernel_sizes(backend.kernel_block_sizes)}
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str="auto"):
+        return {shape_expression(backend.shape)}
+
+    @staticmethod
+    def get_kv_cache_stride_order(include_num_layers_dimension=False):
+        return {order!r}
+'''
+
+
+def views_call(finding: FindingFile) -> str:
+    return "v1_kv_caches(vllm_config, " if finding.case.runner == "v1" else "reshape_kv_cache("
+
+
+def runner_helper(finding: FindingFile, module: Module) -> str:
+    """The module's helper that runs the case's model runner up to the views."""
+    if finding.case.runner == "v1":
+        module.names.add("GPUModelRunner")
+        return V1_RUNNER
+    return RESHAPE
+
+
+def constants(finding: FindingFile) -> str:
+    case = finding.case
+    names = layer_names(case)
+    lines = [f"NUM_BLOCKS = {case.num_blocks}"]
+    for index, group in enumerate(case.groups):
+        lines.append(f"LAYERS_{index} = [{', '.join(quoted(names[n]) for n in group.layers)}]  # KV-cache group {index}: {group.spec.kind}")
+        if group.backend is not None and group.synthetic_backend is None:
+            lines.append(f"BACKEND_{index} = {quoted(group.backend)}")
+    return "\n".join(lines)
+
+
+def backend_line(index: int, group: GroupCase, module: Module) -> list[str]:
+    if group.synthetic_backend is not None:
+        return [f"backend_{index} = {backend_class_name(group.synthetic_backend)}"]
+    if group.backend is None:
+        return [f"backend_{index} = AttentionBackend  # a Mamba layer's backend plays no part in its views"]
+    return shipped_backend(f"backend_{index}", f"BACKEND_{index}", group.backend, module)
+
+
+def steps(finding: FindingFile, module: Module) -> str:
+    """The test body up to `kv_caches`, the views the case's model runner gives the layers."""
+    case = finding.case
+    check_case(finding)
+    module.names.update(NAMES)
+    lines: list[str] = []
+    specs = []
+    for index, group in enumerate(case.groups):
+        call = spec_call(group.spec, placed=False)
+        module.names.add(call.split("(")[0])
+        lines += backend_line(index, group, module)
+        lines.append(f"spec_{index} = {call}")
+        specs.append(f"spec_{index}")
+    lines.append("kv_cache_groups = [" + ", ".join(f"KVCacheGroupSpec(LAYERS_{i}, {spec})" for i, spec in enumerate(specs)) + "]")
+    groups = [f"[AttentionGroup(backend=backend_{i}, layer_names=LAYERS_{i}, kv_cache_spec={spec}, kv_cache_group_id={i})]"
+              for i, spec in enumerate(specs)]
+    if case.packing == "cross_layers":
+        module.names.add("KVTransferConfig")
+        lines += ["# Cross-layer blocks, as a KV connector asks for them (the planner packs each block's layers together).",
+                  'vllm_config.kv_transfer_config = KVTransferConfig(kv_connector_extra_config={"enable_cross_layers_blocks": "true"})']
+    elif case.packing != "none":
+        raise NoTemplate(f"no exporter writes {case.packing} packing yet")
+    cache_dtype = next((g.spec.cache_dtype for g in case.groups if g.spec.kind != "mamba"), "auto")
+    lines += ["kv_cache_config = get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, 1 << 40)",
+              "assert kv_cache_config.num_blocks == NUM_BLOCKS", "",
+              "# The model runner's steps " + ("(initialize_kv_cache, vllm/v1/worker/gpu_model_runner.py)." if case.runner == "v1" else
+                                               "(init_attn_backend and init_kv_cache, vllm/v1/worker/gpu/attn_utils.py)."),
+              "attn_groups = [", *(f"    {group}," for group in groups), "]",
+              "kernel_block_sizes = prepare_kernel_block_sizes(kv_cache_config, attn_groups)",
+              f'kv_caches = {views_call(finding)}kv_cache_config, attn_groups, kernel_block_sizes, "{cache_dtype}")']
+    return indent("\n".join(lines))

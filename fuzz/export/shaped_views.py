@@ -1,0 +1,31 @@
+"""Template: the views vLLM 0.19 - 0.28's V2 model runner gives each layer (`_reshape_kv_cache`, its
+`_reshape_attention_kv_cache` and `_update_hybrid_attention_layout`): valid cases must get the oracle's views, invalid
+ones a view_rules."""
+
+from __future__ import annotations
+
+from fuzz.export import shaped_steps, view_rules
+from fuzz.export.code import CONFIG_FIXTURE, Module, docstring
+from fuzz.export.expected import INVALID_KINDS
+from fuzz.export.finding import FindingFile
+from fuzz.export.reach import Reach
+
+
+def shaped_views_test(finding: FindingFile, reach: Reach | None) -> Module:
+    case = finding.case
+    shaped_steps.check_case(finding)
+    kinds = "_".join(dict.fromkeys(g.spec.kind for g in case.groups))
+    where = "the V1 model runner's _reshape_kv_cache_tensors" if case.runner == "v1" else "_reshape_kv_cache"
+    module = Module(title=view_rules.title(finding, f"{where} ({kinds}, {case.layout})"))
+    module.add(docstring(finding, reach, view_rules.what(finding)))
+    module.add(shaped_steps.constants(finding))
+    module.add(CONFIG_FIXTURE, "VllmConfig", "set_current_vllm_config", "current_platform")
+    for group in case.groups:
+        if group.synthetic_backend is not None:
+            module.add(shaped_steps.synthetic_class(group.synthetic_backend, module))
+    module.add(shaped_steps.runner_helper(finding, module))
+    body = shaped_steps.steps(finding, module)
+    verb = "refuses" if finding.kind in INVALID_KINDS else "views"
+    runner = "v1_runner" if case.runner == "v1" else "reshape_kv_cache"
+    view_rules.add_check(module, finding, f"test_{runner}_{verb}_{kinds}_caches", body, shaped_steps.PROBE)
+    return module
