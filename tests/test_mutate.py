@@ -3,6 +3,7 @@ functions that moved, and (slow) every mutant of a small layout function dies.""
 
 import ast
 import json
+import statistics
 import textwrap
 
 import pytest
@@ -118,12 +119,16 @@ def test_every_mutant_of_the_layer_shape_function_dies(tmp_path):
     from fuzz.cli import main
 
     out = io.StringIO()
-    code = main(["mutate", "--function", "compute_layer_kv_cache_shape_bytes", "--budget", "15", "--jobs", "2", "--device", "cpu",
+    code = main(["mutate", "--function", "compute_layer_kv_cache_shape_bytes", "--budget", "8", "--jobs", "2", "--device", "cpu",
                  "--case-timeout", "10", "--json", "--session", str(tmp_path / "session.jsonl")], stdout=out)
     assert code == 0
     report = json.loads(out.getvalue())
     assert report["totals"]["killed"] >= 6, report["mutants"]
     assert report["totals"]["survived"] == report["totals"]["unreached"] == 0, [m for m in report["mutants"] if m["status"] != "killed"]
+    killed = [m for m in report["mutants"] if m["status"] == "killed"]
+    assert all(m["start_s"] > 0 and 0 <= m["campaign_s"] <= m["seconds"] for m in killed), killed
+    firsts = sorted(m["campaign_s"] for m in killed)
+    assert report["timing"]["killed_median_first_finding_s"] == round(statistics.median(firsts), 2)
 
 
 def test_each_listed_equivalent_mutant_is_a_mutant_of_its_release():
@@ -165,3 +170,18 @@ def test_a_known_signature_kills_only_on_a_case_before_the_unmutated_tree_first_
     assert beyond(baseline, "shape | f | x", 12)  # the unmutated tree passed case 12
     assert not beyond(baseline, "shape | f | x", 40) and not beyond(baseline, "shape | f | x", 90)  # no telling there
     assert beyond(baseline, "alias | g | y", 500)  # a signature the unmutated tree never showed
+
+
+def test_the_timing_medians_are_over_killed_mutants_only():
+    from fuzz.mutate.operators import Mutant
+    from fuzz.mutate.report import timing
+    from fuzz.mutate.session import MutantResult
+
+    def result(status: str, start: float | None, first: float | None) -> MutantResult:
+        mutant = Mutant("vllm/x.py", "f", "op", 3, 1, "a", "b", 0)
+        return MutantResult(mutant, status, "", 10.0, 5, start, first)
+
+    results = [result("killed", 4.0, 0.5), result("killed", 6.0, 2.5), result("killed", 5.0, 1.0),
+               result("survived", 1.0, 30.0), result("killed", None, None)]
+    assert timing(results) == {"killed_median_start_s": 5.0, "killed_median_first_finding_s": 1.0}
+    assert timing([result("survived", 1.0, 30.0)]) == {"killed_median_start_s": None, "killed_median_first_finding_s": None}

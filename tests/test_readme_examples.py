@@ -2,7 +2,7 @@
 
 Commands come from README's code blocks and inline code. Placeholders (FILE, SPEC, X.Y.Z, N|auto)
 become real values. A command that runs to its end must exit 0 or 1 with no error or traceback; a campaign
-is stopped once it has run a while past its start (its options, target and corpus all accepted).
+is stopped a few seconds after its first progress line (its options, target and corpus all accepted).
 Commands that need what this machine lacks, or take minutes, are skipped with the reason.
 """
 
@@ -12,6 +12,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,12 +29,17 @@ PLACEHOLDERS = {"FILE": FINDING, "CASE": FINDING, "SPEC": "installed", "X.Y.Z": 
 NOT_RUN = {
     "kvfuzz run --ray": "needs a Ray cluster (tests/test_ray.py runs one on this machine)",
     "kvfuzz ci --vllm .": "runs in a vLLM clone; tests/test_ci.py runs kvfuzz ci on such a tree",
-    "kvfuzz ci --vllm installed --budget 120": "tests/test_ci.py runs exactly this (the acceptance run)",
+    "kvfuzz ci --vllm installed --budget 120": "tests/test_ci.py runs this with a 20 s budget (the acceptance run)",
     "kvfuzz bisect": "replays the case on every release: minutes",
     "kvfuzz bench": "measures for minutes",
 }
 CHECKOUT = "/path/to/vllm"
 STARTUP_SECONDS = 40.0  # a campaign still running this long after it started has accepted its options and target
+# A line that says the command is past its checks and running: a campaign's progress line, or mutate's baseline campaign
+# (its target has started and traced the cases by then).
+# A campaign is stopped this long after it: its options, target and corpus were all accepted by then.
+RUNNING = re.compile(r"kvfuzz: (\d+ cases, |baseline campaign on the unmutated tree)")
+RUNNING_SECONDS = 3.0
 
 
 def readme_commands() -> list[str]:
@@ -146,13 +152,22 @@ def test_readme_command_runs(command, tmp_path):
         argv += ["--corpus", str(tmp_path / "findings")]  # README's runs write to corpus/findings: not the repository's
     process = subprocess.Popen([sys.executable, "-m", "fuzz.cli", *argv], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    deadline = time.monotonic() + STARTUP_SECONDS + 60
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    deadline, running_since = time.monotonic() + STARTUP_SECONDS + 60, None
     while process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)
+        if running_since is None and any(RUNNING.match(line) for line in list(lines)):
+            running_since = time.monotonic()
+        if running_since is not None and time.monotonic() - running_since > RUNNING_SECONDS:
+            break
+        time.sleep(0.2)
     stopped = process.poll() is None
     if stopped:
         os.killpg(process.pid, signal.SIGINT)
-    output, _ = process.communicate(timeout=120)
+    process.wait(timeout=120)
+    reader.join(timeout=30)
+    output = "".join(lines)
     assert not any(marker in output for marker in ("kvfuzz: error:", "usage: kvfuzz", "Traceback (most recent call last)")), output[-2000:]
     if not stopped:
         assert process.returncode in (0, 1), output[-2000:]

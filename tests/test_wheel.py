@@ -103,7 +103,7 @@ def test_installed_wheel_runs_campaigns_and_replays_its_corpus(wheel, tmp_path):
     corpus = len(list((REPO / "corpus").rglob("*.json")))
     assert len(lines) == corpus and all(f"{site / 'fuzz' / '_corpus'}/" in line for line in lines)
 
-    run = subprocess.run(["kvfuzz", "run", "--max-time", "180", "--corpus", "findings", "--device", "cpu", "--quiet"],
+    run = subprocess.run(["kvfuzz", "run", "--max-time", "120", "--max-cases", "2000", "--corpus", "findings", "--device", "cpu", "--quiet"],
                          capture_output=True, text=True, env=env, cwd=tmp_path, check=False)
     assert run.returncode in (0, 1), run.stdout[-3000:] + run.stderr[-3000:]
     assert " cases in " in run.stdout and "error" not in run.stderr.lower()

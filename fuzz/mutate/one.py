@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 from fuzz.campaign.engine import Campaign, CampaignOptions, FoundRecord
@@ -36,17 +37,19 @@ def run(config: dict) -> dict:
     def beyond_baseline(record: FoundRecord) -> bool:
         return beyond(baseline, record.finding.signature, record.index)
 
+    starting = time.monotonic()
     try:
         pool = Pool(source, workers=1, case_timeout=config["case_timeout"], max_memory=config["max_memory"])
     except KvfuzzError as error:
         return {"status": "stillborn", "detail": str(error)}
+    start_s = round(time.monotonic() - starting, 2)
     with pool:
         options = CampaignOptions(device=config["device"], max_time=config["budget"], seed=config["seed"], corpus_dir=corpus_dir,
                                   synthetic=config["synthetic"], shrink_seconds=config.get("shrink_seconds", 0.0))
         campaign = Campaign(pool, options, until=beyond_baseline if config["stop_at_new"] else None)
         report = campaign.run()
     new = [r for r in report.findings if beyond_baseline(r)]
-    result: dict = {"status": "found" if new else "quiet", "cases": report.cases, "elapsed_s": round(report.elapsed_s, 2),
+    result: dict = {"status": "found" if new else "quiet", "cases": report.cases, "start_s": start_s, "elapsed_s": round(report.elapsed_s, 2),
                     "signatures": sorted(r.finding.signature for r in report.findings),
                     "first_index": {r.finding.signature: r.index for r in report.findings}}
     if new:

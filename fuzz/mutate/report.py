@@ -3,6 +3,7 @@ score, and every survivor with its edit (where kvfuzz is blind)."""
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from typing import Any
 
@@ -23,6 +24,18 @@ def by_function(session: Session) -> dict[str, list[MutantResult]]:
     return grouped
 
 
+def timing(results: list[MutantResult]) -> dict[str, float | None]:
+    """Medians over killed mutants: target start-up, and the time from the campaign's start to the finding that killed it."""
+    killed = [r for r in results if r.status == "killed"]
+    return {"killed_median_start_s": _median([r.start_s for r in killed]),
+            "killed_median_first_finding_s": _median([r.campaign_s for r in killed])}
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known), 2) if known else None
+
+
 def to_dict(session: Session) -> dict[str, Any]:
     functions = []
     for name, results in by_function(session).items():
@@ -36,6 +49,7 @@ def to_dict(session: Session) -> dict[str, Any]:
         "baseline_signatures": session.baseline,
         "totals": {s: sum(1 for r in session.results if r.status == s) for s in STATUSES},
         "score": score(session.results),
+        "timing": timing(session.results),
         "functions": functions,
         "mutants": [r.to_dict() for r in session.results],
     }
@@ -52,6 +66,11 @@ def render(session: Session) -> str:
     total = data["score"]
     lines.append(f"{'all':{width}}  " + "  ".join(f"{data['totals'][s]:>10}" for s in STATUSES)
                  + f"  {'-' if total is None else f'{100 * total:.0f} %':>10}")
+    times = data["timing"]
+    if times["killed_median_first_finding_s"] is not None:
+        start = times["killed_median_start_s"]
+        lines.append(f"killed mutants, median: first finding {times['killed_median_first_finding_s']:g} s into the campaign"
+                     + ("" if start is None else f", after a start-up of {start:g} s"))
     blind = [r for r in session.results if r.status in ("survived", "unreached")]
     if blind:
         lines += ["", "not killed (where kvfuzz is blind):"]

@@ -63,10 +63,12 @@ class MutantResult:
     detail: str = ""
     seconds: float = 0.0
     cases: int = 0
+    start_s: float | None = None  # the mutant's target start-up (its zygote importing the mutated vLLM)
+    campaign_s: float | None = None  # from the campaign's start (after start-up) to its first new finding, or its end
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.mutant.to_dict(), "edit": self.mutant.edit, "status": self.status, "detail": self.detail,
-                "seconds": round(self.seconds, 2), "cases": self.cases}
+                "seconds": round(self.seconds, 2), "cases": self.cases, "start_s": self.start_s, "campaign_s": self.campaign_s}
 
 
 @dataclass
@@ -132,7 +134,8 @@ def _resume(path: Path | None, session: Session) -> set[str]:
         data = json.loads(line)
         mutant = Mutant(data["path"], data["function"], data["operator"], data["line"], data["offset"], data["original"],
                         data["replacement"], data["occurrence"])
-        session.results.append(MutantResult(mutant, data["status"], data["detail"], data["seconds"], data["cases"]))
+        session.results.append(MutantResult(mutant, data["status"], data["detail"], data["seconds"], data["cases"],
+                                            data.get("start_s"), data.get("campaign_s")))
         done.add(mutant.id)
     return done
 
@@ -245,10 +248,15 @@ def _drive(source: TargetSource, root: Path, queue: list[Mutant], running: dict[
                 found.append((mutant, result, elapsed))
             else:
                 status = "survived" if result["status"] == "quiet" else "stillborn"
-                _record(session, MutantResult(mutant, status, result.get("detail", ""), elapsed, result.get("cases", 0)))
+                _record(session, MutantResult(mutant, status, result.get("detail", ""), elapsed, *_timing(result)))
             shutil.rmtree(folder, ignore_errors=True)
             progress(f"{len(session.results) + len(found)} / {len(session.results) + len(found) + len(running) + len(queue)} done")
     return found
+
+
+def _timing(result: dict[str, Any]) -> tuple[int, float | None, float | None]:
+    """Cases run, start-up and campaign seconds, as a mutant's process reported them."""
+    return result.get("cases", 0), result.get("start_s"), result.get("elapsed_s")
 
 
 def _last_line(log: Path) -> str:
@@ -271,7 +279,7 @@ def _confirm(source: TargetSource, found: list[tuple[Mutant, dict[str, Any], flo
             same = verdict.finding is not None and verdict.finding.signature == result["signature"]
             status = "survived" if same else "killed"
             detail = ("its only finding fails the unmutated tree too: " if same else "") + result["signature"]
-            _record(session, MutantResult(mutant, status, detail, elapsed, result.get("cases", 0)))
+            _record(session, MutantResult(mutant, status, detail, elapsed, *_timing(result)))
 
 
 __all__ = ["STATUSES", "MutantResult", "MutateOptions", "Session", "load_equivalent", "run_session", "copy_package"]
