@@ -239,6 +239,8 @@ VIEW_RUNS = [
     ("fd0bf7e86087-5128a0d5457624c3", "0.23.0", "pass"),
     ("560eb0b7d550-1bf4091cbc166aa3", "0.21.0", "fail"),  # crash-on-invalid: a Mamba-only model
     ("560eb0b7d550-1bf4091cbc166aa3", "0.27.0", "skip"),
+    ("86df82452344-0a2a85c552d0c8a8", "0.21.0", "fail"),  # assert-on-invalid in the V1 runner's _reshape_kv_cache_tensors
+    ("8725da4ae9b0-12b887c1698d26bb", "0.20.0", "fail"),  # crash-on-invalid there (DeepSeek V4's own backend)
     ("a3ae627f0e11-72c3ddc944c76567", "0.29.0", "fail"),  # accepted-invalid, 0.29+
     ("0c54c1bb01ae-65dc68d7c07d77cf", "0.29.0", "fail"),  # crash-on-invalid in create_kv_cache_views
     ("0a7967da01d8-8508129e4b9fb775", "0.29.0", "fail"),  # crash-on-valid in create_kv_cache_views

@@ -83,18 +83,21 @@ class {backend_class_name(backend)}(AttentionBackend):
 BACKEND_LOOKUP = '''
     def backend_class(name, paths):
         """The attention backend vLLM registers as `name`, or (a backend a model brings, outside the registry) the
-        class at the first of `paths` this vLLM has. Skips where there is none, or where it cannot be imported here."""
+        class at the first of `paths` this vLLM has. Skips where there is none, or where its module cannot be imported
+        on this machine (a dependency or a device it lacks: importing a backend runs none of the code under test)."""
         if name in AttentionBackendEnum.__members__:
             try:
                 return AttentionBackendEnum[name].get_class()
-            except ImportError as error:
-                pytest.skip(f"{name} cannot be imported here: {error}")
+            except Exception as error:
+                pytest.skip(f"{name} cannot be imported here: {type(error).__name__}: {error}")
         for path in paths:
             module, _, cls = path.rpartition(".")
             try:
                 return getattr(importlib.import_module(module), cls)
             except (ImportError, AttributeError):
                 continue
+            except Exception as error:
+                pytest.skip(f"{name} cannot be imported here: {type(error).__name__}: {error}")
         pytest.skip(f"this vLLM has no {name} backend")
 '''
 
