@@ -93,8 +93,8 @@ def check_case(finding: FindingFile) -> None:
         raise NoTemplate("the pre-0.29 view exporter writes vLLM 0.19 - 0.28's _reshape_kv_cache only")
     if case.runner not in (None, "v1", "v2") or case.platform != "cuda" or case.spec_source != "case":
         raise NoTemplate(f"no exporter writes {case.describe()} yet (both model runners, platform or vLLM-built specs)")
-    if case.kv_sharing or case.packing == "uniform_type":
-        raise NoTemplate("the pre-0.29 view exporter writes no KV-sharing layers or UniformTypeKVCacheSpecs groups yet")
+    if case.kv_sharing:
+        raise NoTemplate("the pre-0.29 view exporter writes no KV-sharing layers yet")
     if not case.groups:
         raise NoTemplate("an attention-free model has no views to check")
     for group in case.groups:
@@ -189,14 +189,22 @@ def steps(finding: FindingFile, module: Module) -> str:
         lines += backend_line(index, group, module)
         lines.append(f"spec_{index} = {call}")
         specs.append(f"spec_{index}")
-    lines.append("kv_cache_groups = [" + ", ".join(f"KVCacheGroupSpec(LAYERS_{i}, {spec})" for i, spec in enumerate(specs)) + "]")
+    if case.packing == "uniform_type":
+        module.names.add("UniformTypeKVCacheSpecs")
+        lines.append("# Each KV-cache group's layers in a UniformTypeKVCacheSpecs (as DeepSeek V4's model groups them).")
+        lines += [f"group_spec_{i} = UniformTypeKVCacheSpecs(block_size={spec}.block_size, kv_cache_specs=dict.fromkeys(LAYERS_{i}, {spec}))"
+                  for i, spec in enumerate(specs)]
+        group_specs = [f"group_spec_{i}" for i in range(len(specs))]
+    else:
+        group_specs = specs
+    lines.append("kv_cache_groups = [" + ", ".join(f"KVCacheGroupSpec(LAYERS_{i}, {spec})" for i, spec in enumerate(group_specs)) + "]")
     groups = [f"[AttentionGroup(backend=backend_{i}, layer_names=LAYERS_{i}, kv_cache_spec={spec}, kv_cache_group_id={i})]"
               for i, spec in enumerate(specs)]
     if case.packing == "cross_layers":
         module.names.add("KVTransferConfig")
         lines += ["# Cross-layer blocks, as a KV connector asks for them (the planner packs each block's layers together).",
                   'vllm_config.kv_transfer_config = KVTransferConfig(kv_connector_extra_config={"enable_cross_layers_blocks": "true"})']
-    elif case.packing != "none":
+    elif case.packing not in ("none", "uniform_type"):
         raise NoTemplate(f"no exporter writes {case.packing} packing yet")
     cache_dtype = next((g.spec.cache_dtype for g in case.groups if g.spec.kind != "mamba"), "auto")
     lines += ["kv_cache_config = get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, 1 << 40)",

@@ -29,7 +29,8 @@ def reject_reason(finding: FindingFile) -> str:
     prefix = "accepted a case the contract rejects: "
     if reason is None and finding.message.startswith(prefix):
         reason = finding.message[len(prefix):]
-    return reason or f"kvfuzz's oracle rejects this case ({finding.message})"
+    return reason or (f"kvfuzz's oracle rejects this case once its backend declares the cache shape (vLLM "
+                      f"{finding.meta.get('vllm_version')} fails on it instead: {finding.message})")
 
 
 def what(finding: FindingFile) -> str:
