@@ -33,7 +33,7 @@ from fuzz.targets.base import TargetInfo
 CANDIDATES = 24  # draws per directed case, at most
 EXPLORE = 6  # draws per directed case while no case has reached the change
 ACCEPT = 0.5  # estimated reach rate at which a candidate is taken without drawing more
-UNDIRECTED = 0.3  # share of indices that keep the undirected draw
+UNDIRECTED = 0.15  # share of indices that keep the undirected draw
 WARMUP = 64  # traced cases before the policy directs anything
 PRIOR = 4.0  # pseudo-cases pulling a feature's reach rate towards the overall rate
 MAX_SAMPLES = 24  # reaching cases kept to run on the baseline
