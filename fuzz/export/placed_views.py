@@ -1,6 +1,6 @@
 """Template: the views vLLM 0.29+ gives each layer (`allocate_kv_cache` / `create_kv_cache_views` /
 `compute_layout_strides`, and 0.32+'s kernel-block views): valid cases must get the oracle's views, invalid ones a
-view_rules."""
+refusal."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Template: the views vLLM 0.19 - 0.28's V2 model runner gives each layer (`_reshape_kv_cache`, its
-`_reshape_attention_kv_cache` and `_update_hybrid_attention_layout`): valid cases must get the oracle's views, invalid
-ones a view_rules."""
+"""Template: the views vLLM 0.19 - 0.28's model runners give each layer (the V2 runner's `_reshape_kv_cache`, its
+`_reshape_attention_kv_cache` and `_update_hybrid_attention_layout`; the V1 runner's `_reshape_kv_cache_tensors`): valid
+cases must get the oracle's views, invalid ones a refusal."""
 
 from __future__ import annotations
 
