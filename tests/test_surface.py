@@ -226,7 +226,11 @@ def assert_every_function_driven_or_explained(spec: str) -> None:
 # times the number of cases (seed 0, every consumer a case names) before the release's rarest driven function first ran:
 # 9 on 0.22.0, 15 on 0.23.0 (_get_kv_cache_config_deepseek_v4), 19 on 0.28.0, 63 on 0.29.0 (MLAAttention.bind_kv_cache),
 # 34 on 0.32.0 (AttentionGroup.map_kv_cache_to_manager_blocks, about one case in 150) and 30 on 0.34.0 (Attention.__init__).
-CASES = {"0.22.0": 200, "0.23.0": 200, "0.28.0": 200, "0.29.0": 600, "installed": 500, "0.34.0": 400}
+# The exception: 0.32.0's CPUModelRunner._zero_block_ids first runs at case 510 (about one case in 460): the CPU runner's
+# zeroer is asked only of cases a CPU deployment builds (every attention group on a CPU backend, fuzz/space.py CPU_RULE)
+# that zero (a Mamba group or mixed precisions, ZEROING_RULE) and have a block besides the null block (NULL_BLOCK_RULE).
+# 600 cases reach it on this seed every time (the draw is deterministic); a change to the case space may move it.
+CASES = {"0.22.0": 200, "0.23.0": 200, "0.28.0": 200, "0.29.0": 600, "installed": 600, "0.34.0": 400}
 
 
 @pytest.mark.slow
