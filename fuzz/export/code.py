@@ -57,7 +57,8 @@ def spec_call(spec: SpecCase, num_kv_heads: int | None = None, placed: bool = Tr
     if cls is None:
         raise NoTemplate(f"no exporter builds {spec.kind} specs yet")
     unusual = [name for name, default in PLAIN_DEFAULTS.items() if getattr(spec, name) != default]
-    if unusual or spec.kv_quant_mode != "none" or spec.registered_cache_dtype:
+    quantized = spec.kind not in MLA_KINDS and spec.cache_dtype != "auto"
+    if unusual or (spec.kv_quant_mode != "none" and not quantized) or spec.registered_cache_dtype:
         raise NoTemplate(f"no exporter carries spec field(s) {', '.join(unusual) or 'kv_quant_mode'} yet")
     if spec.kind == "mamba":
         dtypes = ", ".join(f"torch.{dtype}" for dtype in spec.mamba_dtypes) + ("," if len(spec.mamba_dtypes) == 1 else "")
@@ -72,9 +73,17 @@ def spec_call(spec: SpecCase, num_kv_heads: int | None = None, placed: bool = Tr
         args.append(f"{'tokens_per_state' if placed else 'compress_ratio'}={spec.compress_ratio}")
     if spec.kind in MLA_KINDS:
         args.append(f"cache_dtype_str={json.dumps(spec.cache_dtype)}")
-    elif spec.cache_dtype != "auto":
-        raise NoTemplate(f"no exporter stores cache dtype {spec.cache_dtype} yet")
+    elif quantized:
+        if spec.kv_quant_mode == "none":
+            raise NoTemplate(f"no exporter stores cache dtype {spec.cache_dtype} yet (the case gives it no quant mode)")
+        # A layer of a quantized cache: the storage dtype (the case's), the quant mode the release gives the cache dtype.
+        args.append(f"kv_quant_mode=get_kv_quant_mode({json.dumps(spec.cache_dtype)})")
     return f"{cls}({', '.join(args)})"
+
+
+def spec_names(call: str) -> tuple[str, ...]:
+    """The vLLM names a spec_call's text uses."""
+    return (call.split("(")[0],) + (("get_kv_quant_mode",) if "get_kv_quant_mode(" in call else ())
 
 
 def one_group(case: Case) -> GroupCase:

@@ -8,7 +8,7 @@ import json
 import textwrap
 
 from fuzz.case import Case, GroupCase, SyntheticBackend
-from fuzz.export.code import Module, NoTemplate, indent, layer_names, layout_lines, one_group, spec_call
+from fuzz.export.code import Module, NoTemplate, indent, layer_names, layout_lines, one_group, spec_call, spec_names
 from fuzz.export.finding import FindingFile
 from fuzz.export.reach import Reach
 
@@ -139,8 +139,7 @@ def steps(finding: FindingFile, reach: Reach | None, module: Module, refusal_ok:
     manager views elsewhere. A synthetic backend is the module's class of synthetic_class."""
     case = finding.case
     group = check_case(finding, synthetic=True)
-    spec_class = spec_call(group.spec).split("(")[0]
-    module.names.update(NAMES + (spec_class,))
+    module.names.update(NAMES + spec_names(spec_call(group.spec)))
     if group.synthetic_backend is not None:
         lines = [f"backend = {backend_class_name(group.synthetic_backend)}"]
     else:

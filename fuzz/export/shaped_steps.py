@@ -7,7 +7,7 @@ build one."""
 from __future__ import annotations
 
 from fuzz.case import GroupCase, SyntheticBackend, parse_shape_entry
-from fuzz.export.code import Module, NoTemplate, indent, layer_names, spec_call
+from fuzz.export.code import Module, NoTemplate, indent, layer_names, spec_call, spec_names
 from fuzz.export.finding import FindingFile
 from fuzz.export.runner_steps import backend_class_name, kernel_sizes, quoted, shipped_backend
 
@@ -185,7 +185,7 @@ def steps(finding: FindingFile, module: Module) -> str:
     specs = []
     for index, group in enumerate(case.groups):
         call = spec_call(group.spec, placed=False)
-        module.names.add(call.split("(")[0])
+        module.names.update(spec_names(call))
         lines += backend_line(index, group, module)
         lines.append(f"spec_{index} = {call}")
         specs.append(f"spec_{index}")

@@ -14,9 +14,9 @@ from fuzz.export.reach import Reach
 def shaped_views_test(finding: FindingFile, reach: Reach | None) -> Module:
     case = finding.case
     shaped_steps.check_case(finding)
-    kinds = "_".join(dict.fromkeys(g.spec.kind for g in case.groups))
+    kinds = list(dict.fromkeys(g.spec.kind for g in case.groups))
     where = "the V1 model runner's _reshape_kv_cache_tensors" if case.runner == "v1" else "_reshape_kv_cache"
-    module = Module(title=view_rules.title(finding, f"{where} ({kinds}, {case.layout})"))
+    module = Module(title=view_rules.title(finding, f"{where} ({'+'.join(kinds)}, {case.layout})"))
     module.add(docstring(finding, reach, view_rules.what(finding)))
     module.add(shaped_steps.constants(finding))
     module.add(CONFIG_FIXTURE, "VllmConfig", "set_current_vllm_config", "current_platform")
@@ -27,5 +27,5 @@ def shaped_views_test(finding: FindingFile, reach: Reach | None) -> Module:
     body = shaped_steps.steps(finding, module)
     verb = "refuses" if finding.kind in INVALID_KINDS else "views"
     runner = "v1_runner" if case.runner == "v1" else "reshape_kv_cache"
-    view_rules.add_check(module, finding, f"test_{runner}_{verb}_{kinds}_caches", body, shaped_steps.PROBE)
+    view_rules.add_check(module, finding, f"test_{runner}_{verb}_{'_'.join(kinds)}_caches", body, shaped_steps.PROBE)
     return module
