@@ -263,6 +263,27 @@ def test_exported_view_module_on_a_release(stem, version, outcome, tmp_path):
     assert run.outcome == outcome, run.output[-3000:]
 
 
+@pytest.mark.slow
+@pytest.mark.releases
+@pytest.mark.parametrize("version", ["0.29.0", "0.32.0"])
+def test_exported_view_check_passes_where_vllm_places_the_views_right(version, tmp_path):
+    """The 0.29+ view check is no test that cannot pass: finding 0a7967da01d8's case in the layout vLLM handles (LBNHC,
+    three blocks, each split into two kernel blocks) passes on 0.29.0 (manager views) and 0.32.0 (kernel-block views)."""
+    from fuzz.export.isolated import run_isolated
+
+    data = json.loads((FINDINGS / "0a7967da01d8-8508129e4b9fb775.json").read_text())
+    data["case"].update(layout="LBNHC", num_blocks=3)
+    path = tmp_path / "variant.json"
+    path.write_text(json.dumps(data))
+    found = read_finding(path)
+    module = export(found, reach_of(found.case, found.meta, None))
+    assert '"kernel_blocks": (2, 2)' in module.source
+    test = tmp_path / module.file_name
+    test.write_text(module.source)
+    run = run_isolated(test, _release_tree(version))
+    assert run.outcome == "pass", run.output[-3000:]
+
+
 def test_isolated_run_cannot_import_kvfuzz(tmp_path):
     from fuzz.export.isolated import run_isolated
 
