@@ -138,41 +138,54 @@ def _release_tree(version: str) -> Path:
     return source.python_path
 
 
+def write_exported(numbers: list[int], folder: Path) -> dict[int, Path]:
+    paths = {}
+    for number in numbers:
+        module = exported(number)
+        paths[number] = folder / module.file_name
+        paths[number].write_text(module.source)
+    return paths
+
+
+@pytest.mark.slow
+@pytest.mark.releases
+def test_exported_tests_fail_on_034(tmp_path):
+    """The exported modules, together in one process without kvfuzz: each fails on 0.34.0 (affected)."""
+    from fuzz.export.isolated import run_isolated_many
+
+    paths = write_exported(sorted(CASES), tmp_path)
+    outcomes = run_isolated_many(list(paths.values()), _release_tree("0.34.0"))
+    assert outcomes == {path.name: "fail" for path in paths.values()}
+
+
 @pytest.mark.slow
 @pytest.mark.releases
 @pytest.mark.parametrize("number", sorted(CASES))
-def test_exported_test_fails_on_034_and_passes_with_the_fix(number, tmp_path):
-    """Each exported module, in a process without kvfuzz: it fails on 0.34.0 (affected) and passes on 0.34.0 with
-    kvfuzz's proposed fix (no release fixes these)."""
+def test_exported_test_passes_on_034_with_the_fix(number, tmp_path):
+    """Each exported module, in a process without kvfuzz, passes on 0.34.0 with kvfuzz's proposed fix for its finding
+    alone applied (no release fixes these)."""
     from fuzz.export.isolated import run_isolated
 
     tree = _release_tree("0.34.0")
-    module = exported(number)
-    path = tmp_path / module.file_name
-    path.write_text(module.source)
-    broken = run_isolated(path, tree)
-    assert broken.outcome == "fail", broken.output[-3000:]
-    assert "is importable" not in broken.output
-    fixed = run_isolated(path, patched_tree(tree, FIXES[module.finding.signature_id], tmp_path / "fixed"))
+    path = write_exported([number], tmp_path)[number]
+    fixed = run_isolated(path, patched_tree(tree, FIXES[finding(number).signature_id], tmp_path / "fixed"))
     assert fixed.outcome == "pass", fixed.output[-3000:]
+    assert "is importable" not in fixed.output
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("number", [18, 19, 25])
-def test_exported_test_fails_on_the_installed_vllm(number, tmp_path):
-    """Findings that affect the installed vLLM (0.32.0) fail there too, run without kvfuzz on the path."""
+def test_exported_tests_fail_on_the_installed_vllm(tmp_path):
+    """Findings that affect the installed vLLM (0.32.0) fail there too, run together without kvfuzz on the path."""
     import vllm
 
-    from fuzz.export.isolated import run_isolated
+    from fuzz.export.isolated import run_isolated_many
 
-    found = finding(number)
-    if vllm.__version__ not in found.affected:
-        pytest.skip(f"finding {number} does not affect vLLM {vllm.__version__}")
-    module = exported(number)
-    path = tmp_path / module.file_name
-    path.write_text(module.source)
-    run = run_isolated(path, None)
-    assert run.outcome == "fail", run.output[-3000:]
+    numbers = [number for number in (18, 19, 25) if vllm.__version__ in finding(number).affected]
+    if not numbers:
+        pytest.skip(f"none of findings 18, 19, 25 affects vLLM {vllm.__version__}")
+    paths = write_exported(numbers, tmp_path)
+    outcomes = run_isolated_many(list(paths.values()), None)
+    assert outcomes == {path.name: "fail" for path in paths.values()}
 
 
 def test_export_corpus_writes_at_least_the_known_number_of_modules_and_each_parses(tmp_path):
@@ -251,16 +264,19 @@ VIEW_RUNS = [
 
 @pytest.mark.slow
 @pytest.mark.releases
-@pytest.mark.parametrize(("stem", "version", "outcome"), VIEW_RUNS)
-def test_exported_view_module_on_a_release(stem, version, outcome, tmp_path):
-    from fuzz.export.isolated import run_isolated
+@pytest.mark.parametrize("version", sorted({version for _, version, _ in VIEW_RUNS}))
+def test_exported_view_modules_on_a_release(version, tmp_path):
+    """Every module VIEW_RUNS names for the release, in one isolated pytest session (as a maintainer's suite runs them)."""
+    from fuzz.export.isolated import run_isolated_many
 
-    tree = _release_tree(version)
-    module = view_module(stem)
-    path = tmp_path / module.file_name
-    path.write_text(module.source)
-    run = run_isolated(path, tree)
-    assert run.outcome == outcome, run.output[-3000:]
+    expected = {}
+    for stem, on, outcome in VIEW_RUNS:
+        if on == version:
+            module = view_module(stem)
+            (tmp_path / module.file_name).write_text(module.source)
+            expected[module.file_name] = outcome
+    outcomes = run_isolated_many([tmp_path / name for name in expected], _release_tree(version))
+    assert outcomes == expected
 
 
 @pytest.mark.slow
