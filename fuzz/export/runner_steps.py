@@ -57,19 +57,7 @@ def synthetic_class(backend: SyntheticBackend, module: Module) -> str:
     else:
         module.names.add("KVCacheLayout")
         layouts = "(" + "".join(f"KVCacheLayout.{name}, " for name in backend.layouts).rstrip(" ") + ")"
-    return f'''
-class {backend_class_name(backend)}(AttentionBackend):
-    """A platform's own attention backend (kvfuzz's synthetic `{backend.name}`): the kernel block sizes and KV-cache
-    layouts it declares; its spec is the model's."""
-
-    @staticmethod
-    def get_name():
-        return "{backend.registered_name}"
-
-    @classmethod
-    def get_supported_kernel_block_sizes(cls, spec=None):
-        return {kernel_sizes(backend.kernel_block_sizes)}
-
+    return class_head(backend, "the kernel block sizes and KV-cache layouts it declares; its spec is the model's") + f'''
     @classmethod
     def supported_kv_cache_layouts(cls):
         return {layouts}
@@ -114,6 +102,23 @@ def shipped_backend(variable: str, name: str, backend: str, module: Module) -> l
     if len(paths) < 2:
         return [f"{variable} = backend_class({name}, ({''.join(quoted(path) + ',' for path in paths)}))"]
     return [f"{variable} = backend_class({name}, (", *(f"    {quoted(path)}," for path in paths), "))"]
+
+
+def class_head(backend: SyntheticBackend, declares: str) -> str:
+    """The start of a synthetic backend's class as a platform would register it: its name and kernel block sizes."""
+    return f'''
+class {backend_class_name(backend)}(AttentionBackend):
+    """A platform's own attention backend (kvfuzz's synthetic `{backend.name}`):
+    {declares}."""
+
+    @staticmethod
+    def get_name():
+        return "{backend.registered_name}"
+
+    @classmethod
+    def get_supported_kernel_block_sizes(cls, spec=None):
+        return {kernel_sizes(backend.kernel_block_sizes)}
+'''
 
 
 def backend_class_name(backend: SyntheticBackend) -> str:

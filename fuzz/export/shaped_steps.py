@@ -9,7 +9,7 @@ from __future__ import annotations
 from fuzz.case import GroupCase, SyntheticBackend, parse_shape_entry
 from fuzz.export.code import Module, NoTemplate, indent, layer_names, spec_call, spec_names
 from fuzz.export.finding import FindingFile
-from fuzz.export.runner_steps import backend_class_name, kernel_sizes, quoted, shipped_backend
+from fuzz.export.runner_steps import backend_class_name, class_head, quoted, shipped_backend
 
 NAMES = ("AttentionBackendEnum", "AttentionBackend", "AttentionSpec", "get_kv_cache_config_from_groups", "KVCacheGroupSpec",
          "AttentionGroup", "prepare_kernel_block_sizes", "_allocate_kv_cache", "_reshape_kv_cache", "KVCacheSpec", "KVCacheTensor")
@@ -122,19 +122,7 @@ def synthetic_class(backend: SyntheticBackend, module: Module) -> str:
     assert backend.shape is not None
     module.names.update(("AttentionBackend", "MultipleOf"))
     order = tuple(backend.stride_order) if backend.stride_order is not None else tuple(range(len(backend.shape)))
-    return f'''
-class {backend_class_name(backend)}(AttentionBackend):
-    """A platform's own attention backend (kvfuzz's synthetic `{backend.name}`): the cache shape, stride order and
-    kernel block sizes it declares."""
-
-    @staticmethod
-    def get_name():
-        return "{backend.registered_name}"
-
-    @classmethod
-    def get_supported_kernel_block_sizes(cls, spec=None):
-        return {kernel_sizes(backend.kernel_block_sizes)}
-
+    return class_head(backend, "the cache shape, stride order and kernel block sizes it declares") + f'''
     @staticmethod
     def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str="auto"):
         return {shape_expression(backend.shape)}
