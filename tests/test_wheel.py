@@ -69,6 +69,11 @@ def test_wheel_carries_the_corpus_and_the_metadata(wheel):
     for folder in ("seeds", "findings"):
         shipped = sorted(Path(n).name for n in names if n.startswith(f"fuzz/_corpus/{folder}/") and n.endswith(".json"))
         assert shipped == sorted(p.name for p in (REPO / "corpus" / folder).glob("*.json"))
+    # Every data file the package reads at run time ships (without fuzz/targets/model, vLLM takes the folder for a
+    # Hugging Face repo id and every target start waits out its retries).
+    data = {str(path.relative_to(REPO)) for root in ("fuzz", "oracles") for path in (REPO / root).rglob("*")
+            if path.is_file() and path.suffix not in (".py", ".pyc")}
+    assert data <= set(names)
     assert {"fuzz/ci/run.py", "fuzz/cli.py", "oracles/contract.py", f"kvfuzz-{fuzz.__version__}.dist-info/licenses/LICENSE"} <= set(names)
     assert "License-Expression: Apache-2.0" in metadata and "Project-URL: Source, " in metadata
     assert "Classifier: Framework :: Pytest" in metadata and "Provides-Extra: cpu" in metadata

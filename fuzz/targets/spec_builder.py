@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from fuzz.case import Case, GroupCase
-from fuzz.errors import Inexpressible
+from fuzz.errors import Inexpressible, TargetError
 from fuzz.targets.entry_points import Probe
 
 MODEL_DIR = Path(__file__).resolve().parent / "model"
@@ -161,6 +161,8 @@ class LayerSpecs:
         cfg = self._configs.get(model_dtype)
         if cfg is None:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            if not (MODEL_DIR / "config.json").is_file():  # vLLM would take the path for a hub repo id and retry for a minute
+                raise TargetError(f"kvfuzz is installed without its model configuration ({MODEL_DIR / 'config.json'})")
             model = self.model_config(model=str(MODEL_DIR), dtype=model_dtype, skip_tokenizer_init=True)
             cfg = self._configs[model_dtype] = self.make_config(model_config=model, cache_config=self.cache_config(block_size=16))
         cfg.compilation_config.static_forward_context.clear()
