@@ -4,6 +4,8 @@ kvfuzz_device, kvfuzz_entry and the Hypothesis profiles (ci by default)."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -21,6 +23,29 @@ from oracles.contract import LAYOUT_PLACED_KERNEL_MAP, SHAPED_022
 ALL_KINDS = ("full", "sliding_window", "mla", "sliding_window_mla", "mamba", "cross", "sink", "chunked_local", "encoder_only")
 EVERY_FIELD = ("compress_ratio", "alignment", "model_version", "head_size_v", "kv_quant_mode", "num_head_slots",
                "state_content_bytes", "block_stride_alignment", "page_size_padded", "sink_len")
+
+
+STANDBY_DIR = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The session's targets are kept warm in a folder of its own (fuzz/campaign/standby.py): a test's campaign on a
+    release another test started begins in a second. The controller makes the folder before xdist starts its workers
+    (they inherit the environment) and stops the standbys when the session ends."""
+    if hasattr(config, "workerinput") or os.environ.get("KVFUZZ_STANDBY_DIR"):
+        return
+    folder = tempfile.mkdtemp(prefix="kvfuzz-standby-tests-")
+    os.environ["KVFUZZ_STANDBY_DIR"] = folder
+    config.stash[STANDBY_DIR] = folder
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(STANDBY_DIR, None)
+    if folder is not None:
+        from fuzz.campaign import standby
+
+        standby.stop_all()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def synthetic_info(contract=LAYOUT_PLACED_KERNEL_MAP, layouts=("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")) -> TargetInfo:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz import SOURCE_ROOT
-from fuzz.campaign import protocol, stop
+from fuzz.campaign import protocol, standby, stop
 from fuzz.case import Case, to_dict
 from fuzz.errors import InternalError, TargetError
 from fuzz.targets.base import TARGET_CRASHED, TARGET_HUNG, TARGET_OUT_OF_MEMORY, Execution, Outcome, TargetInfo
@@ -73,8 +73,10 @@ class Loss:
 
 class Pool:
     def __init__(self, source: TargetSource, *, workers: int = 1, case_timeout: float = 60.0, max_memory: int = 4 << 30,
-                 start_timeout: float = START_TIMEOUT) -> None:
+                 start_timeout: float = START_TIMEOUT, keep_warm: bool = True) -> None:
         self._closed = False
+        self.keep_warm = keep_warm  # start from a standby of this target where one is left, and leave one (fuzz/campaign/standby.py)
+        self.warm = False  # whether the zygote came from a standby
         self.source = source
         self.case_timeout = case_timeout
         self.max_memory = max_memory
@@ -84,7 +86,7 @@ class Pool:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(self.folder / "socket"))
         self.listener.listen(64)
-        self.zygote: subprocess.Popen[bytes] | None = None
+        self.zygote: subprocess.Popen[bytes] | standby.Adopted | None = None
         self.control: Connection | None = None
         self.info: TargetInfo | None = None
         self.workers: dict[int, WorkerHandle] = {}
@@ -105,10 +107,16 @@ class Pool:
     def _start_zygote(self) -> None:
         env = worker_environment(self.source)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH", ""), str(SOURCE_ROOT)]))
-        command = [sys.executable, "-m", "fuzz.campaign.worker", str(self.folder / "socket"), str(os.getpid()), str(self.max_memory)]
-        with open(self.folder / "zygote.log", "wb") as log:
-            self.zygote = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                                           start_new_session=True, cwd=self.folder)  # never the caller's folder (worker_environment)
+        address, log = str(self.folder / "socket"), str(self.folder / "zygote.log")
+        key = standby.key(self.source, env) if self.keep_warm and standby.idle_seconds() else ""
+        pid = standby.ask(key, address, os.getpid(), str(self.folder), log) if key else None
+        if pid is not None:
+            self.zygote, self.warm = standby.Adopted(pid), True
+        else:
+            command = [sys.executable, "-m", "fuzz.campaign.worker", address, str(os.getpid()), str(self.max_memory), key]
+            with open(log, "wb") as file:
+                self.zygote = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=file,
+                                               start_new_session=True, cwd=self.folder)  # never the caller's folder (worker_environment)
         deadline = time.monotonic() + self.start_timeout
         what = "the target process did not start"
         self.control = self._accept(deadline, self.start_timeout, what)

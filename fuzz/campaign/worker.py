@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from fuzz.campaign import protocol
+from fuzz.campaign import protocol, standby
 from fuzz.campaign.schedule import CONSUMERS_EVERY, Schedule
 from fuzz.case import from_dict, to_dict
 from fuzz.corpus.minimize import shrink_finding
@@ -61,7 +61,7 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def zygote_main(address: str, parent: int, max_memory: int) -> None:
+def zygote_main(address: str, parent: int, max_memory: int, standby_key: str = "") -> None:
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _limit_memory(max(max_memory, IMPORT_MEMORY) if max_memory > 0 else 0)
@@ -76,6 +76,13 @@ def zygote_main(address: str, parent: int, max_memory: int) -> None:
     import torch
 
     torch.set_num_threads(1)
+    if standby_key:  # a copy of this process, kept warm for the next pool with the same key (fuzz/campaign/standby.py)
+        standby.leave(standby_key, lambda request: _serve_zygote(request["address"], connect(request["address"]), target))
+    _serve_zygote(address, control, target)
+
+
+def _serve_zygote(address: str, control: Connection, target: Target) -> None:
+    """Report the target (READY), then fork a worker for every SPAWN until the pool shuts the zygote down or is gone."""
     protocol.send(control, protocol.READY, {"info": target.info.to_dict(), "pid": os.getpid()})
     children: dict[int, int] = {}
     while True:
@@ -326,4 +333,4 @@ def _error_payload(error: Exception) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    zygote_main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    zygote_main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:5])

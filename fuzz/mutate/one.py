@@ -39,7 +39,8 @@ def run(config: dict) -> dict:
 
     starting = time.monotonic()
     try:
-        pool = Pool(source, workers=1, case_timeout=config["case_timeout"], max_memory=config["max_memory"])
+        # A mutant's tree serves one campaign: no standby is left for it (fuzz/campaign/standby.py).
+        pool = Pool(source, workers=1, case_timeout=config["case_timeout"], max_memory=config["max_memory"], keep_warm=False)
     except KvfuzzError as error:
         return {"status": "stillborn", "detail": str(error)}
     start_s = round(time.monotonic() - starting, 2)

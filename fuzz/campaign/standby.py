@@ -1,0 +1,295 @@
+"""A started target kept warm between campaigns: the second campaign on a release or tree starts in well under a second.
+
+Importing vLLM takes seconds; forking a process that has imported it takes milliseconds. When a pool's zygote has
+imported its target, it leaves a copy of itself behind (a fork, detached from the campaign): the standby. The standby
+listens on a socket named after everything the zygote's state depends on (the interpreter, kvfuzz's own source, the
+target's tree and the environment), so a later pool with the same key asks it for a zygote instead of importing again:
+the standby forks, and the fork connects to the new pool as a freshly started zygote would (fuzz/campaign/worker.py).
+
+A standby that no pool asked for `KVFUZZ_KEEP_WARM` seconds (default 600; 0 turns standbys off) exits; at most
+`KVFUZZ_KEEP_WARM_COUNT` (default 4) run at once, the least recently used giving way. Any change to a file of the target
+or of kvfuzz, or to the environment, makes a new key: a standby never serves code or settings other than its own.
+Standbys live in a folder only this user can enter (`kvfuzz-standby-<uid>` in the temporary folder).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from fuzz import SOURCE_ROOT
+from fuzz.campaign import protocol
+from fuzz.targets.releases import TargetSource
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no standbys
+    fcntl = None  # type: ignore[assignment]
+
+DEFAULT_SECONDS = 600.0
+DEFAULT_COUNT = 4
+# Variables that differ between processes of one session and that nothing in a target process reads.
+VOLATILE = ("PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID",
+            "PYTEST_XDIST_WORKER_COUNT", "COLUMNS", "LINES")
+ASK_TIMEOUT = 5.0  # seconds for a standby to answer a request for a zygote
+
+
+def idle_seconds(env: Mapping[str, str] | None = None) -> float:
+    text = (os.environ if env is None else env).get("KVFUZZ_KEEP_WARM", "")
+    try:
+        return max(0.0, float(text)) if text else DEFAULT_SECONDS
+    except ValueError:
+        return DEFAULT_SECONDS
+
+
+def max_count(env: Mapping[str, str] | None = None) -> int:
+    text = (os.environ if env is None else env).get("KVFUZZ_KEEP_WARM_COUNT", "")
+    return max(1, int(text)) if text.isdigit() else DEFAULT_COUNT
+
+
+def folder() -> Path:
+    """The standbys' sockets (`KVFUZZ_STANDBY_DIR` where set: a test session keeps its own and stops them at its end);
+    created private (0700) and refused if anyone else owns it or can enter it."""
+    path = Path(os.environ.get("KVFUZZ_STANDBY_DIR") or Path(tempfile.gettempdir()) / f"kvfuzz-standby-{os.getuid()}")
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    status = path.stat()
+    if status.st_uid != os.getuid() or status.st_mode & 0o077:
+        raise PermissionError(f"{path} is not private to this user")
+    return path
+
+
+def key(source: TargetSource, env: Mapping[str, str]) -> str:
+    """What a target process's state depends on: the interpreter, kvfuzz's source, the target's tree, the environment."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(sys.executable.encode())
+    for root in (SOURCE_ROOT / "fuzz", SOURCE_ROOT / "oracles", _vllm_root(source)):
+        digest.update(_tree_stamp(root))
+    for name in sorted(set(env) - set(VOLATILE)):
+        digest.update(f"\0{name}={env[name]}".encode())
+    return digest.hexdigest()
+
+
+def _vllm_root(source: TargetSource) -> Path | None:
+    if source.python_path is not None:
+        return source.python_path / "vllm"
+    found = importlib.util.find_spec("vllm")
+    return Path(found.origin).parent if found is not None and found.origin else None
+
+
+def _tree_stamp(root: Path | None) -> bytes:
+    """Every Python file under `root` with its size and modification time (a tenth of a second for vLLM's tree)."""
+    if root is None:
+        return b"-"
+    parts = []
+    for folder_name, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder_name, name)
+                try:
+                    status = os.stat(path)
+                except OSError:
+                    continue
+                parts.append(f"{path}\0{status.st_size}\0{status.st_mtime_ns}")
+    return "\n".join(sorted(parts)).encode()
+
+
+def ask(standby_key: str, address: str, parent: int, cwd: str, log: str) -> int | None:
+    """Ask the standby of `standby_key` for a zygote that connects to `address`: its pid, or None when no standby
+    answers (none was left, or it just exited)."""
+    if fcntl is None or idle_seconds() == 0:
+        return None
+    path = folder() / f"{standby_key}.sock"
+    if not path.exists():
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(ASK_TIMEOUT)
+    try:
+        sock.connect(str(path))
+        conn = Connection(sock.detach())
+        with conn:
+            protocol.send(conn, protocol.SPAWN, {"address": address, "parent": parent, "cwd": cwd, "log": log})
+            if not conn.poll(ASK_TIMEOUT):
+                return None
+            name, payload = protocol.receive(conn)
+    except (OSError, EOFError):
+        return None
+    finally:
+        sock.close()
+    return int(payload["pid"]) if name == protocol.READY else None
+
+
+def leave(standby_key: str, serve_zygote: Any) -> None:
+    """Called by a zygote that has imported its target: fork a standby that outlives it (detached, in a session of its
+    own), which forks a zygote running `serve_zygote(request)` for every pool that asks."""
+    if fcntl is None or idle_seconds() == 0:
+        return
+    first = os.fork()
+    if first:
+        os.waitpid(first, 0)
+        return
+    try:  # the middle process: detach, fork the standby, exit (the standby is no child of the campaign's)
+        os.setsid()
+        if os.fork() == 0:
+            _standby_main(standby_key, serve_zygote)
+    finally:
+        os._exit(0)
+
+
+def _standby_main(standby_key: str, serve_zygote: Any) -> None:
+    for fd in range(3, 1024):  # the zygote's connections (its pool sees their end as the zygote's) and files
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its zygotes are reaped by the kernel
+    path = folder() / f"{standby_key}.sock"
+    listener = _bind(path)
+    if listener is not None and _serve(listener, path, serve_zygote) == "idle":
+        _unbind(path, listener)
+
+
+def _bind(path: Path) -> socket.socket | None:
+    """The standby's socket, unless a live standby of the same key holds it; then the least recently used standbys
+    beyond the count are stopped."""
+    with open(path.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _answers(path):
+            return None
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(path))
+        listener.listen(16)
+        _evict(path, max_count())
+        return listener
+
+
+def _unbind(path: Path, listener: socket.socket) -> None:
+    """Leave after an idle spell: under the lock, so that no pool is told of a standby that is going."""
+    with open(path.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _answers(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def _evict(keep: Path, count: int) -> None:
+    """Stop the least recently used standbys so that at most `count` remain, `keep` among them."""
+    others = sorted((p for p in keep.parent.glob("*.sock") if p != keep), key=lambda p: p.stat().st_mtime if p.exists() else 0)
+    for path in others[: max(0, len(others) - (count - 1))]:
+        _stop(path)
+
+
+def stop_all() -> int:
+    """Stop every standby in the folder; how many answered."""
+    stopped = 0
+    for path in folder().glob("*.sock"):
+        stopped += _answers(path)
+        _stop(path)
+    return stopped
+
+
+def _stop(path: Path) -> None:
+    with contextlib.suppress(OSError, EOFError):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(ASK_TIMEOUT)
+        sock.connect(str(path))
+        with Connection(sock.detach()) as conn:
+            protocol.send(conn, protocol.SHUTDOWN)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def _serve(listener: socket.socket, path: Path, serve_zygote: Any) -> str:
+    """Fork a zygote for every pool that asks, until idle for too long ("idle") or told to stop ("stopped": whoever
+    stopped it removed its socket)."""
+    idle = idle_seconds()
+    last = time.monotonic()
+    while True:
+        listener.settimeout(max(0.1, last + idle - time.monotonic()))
+        try:
+            sock, _ = listener.accept()
+        except OSError:  # the idle spell is over (TimeoutError), or the socket is gone
+            return "idle"
+        last = time.monotonic()
+        with contextlib.suppress(OSError):
+            os.utime(path)  # the most recently used standby is the last evicted
+        sock.settimeout(ASK_TIMEOUT)
+        conn = Connection(sock.detach())
+        try:
+            name, request = protocol.receive(conn)
+        except (OSError, EOFError, ValueError):
+            conn.close()
+            continue
+        if name == protocol.SHUTDOWN:
+            conn.close()
+            return "stopped"
+        pid = os.fork()
+        if pid == 0:
+            listener.close()
+            conn.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _become_zygote(request, serve_zygote)
+            os._exit(0)
+        with contextlib.suppress(OSError):
+            protocol.send(conn, protocol.READY, {"pid": pid})
+        conn.close()
+
+
+def _become_zygote(request: dict[str, Any], serve_zygote: Any) -> None:
+    """The fork of a standby, set up as a zygote the pool had started itself: its own session, its folder, its log."""
+    os.setsid()
+    os.chdir(request["cwd"])
+    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.dup2(log, 2)
+    os.close(log)
+    serve_zygote(request)
+
+
+class Adopted:
+    """A zygote a standby forked for a pool: no child of the pool's process, so it is watched by its pid (the standby
+    reaps it, so its exit status is not known)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return 0
+        except PermissionError:
+            return None
+        return None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"zygote {self.pid}", timeout or 0.0)
+            time.sleep(0.02)
+        return None
