@@ -98,7 +98,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                 start_s = time.monotonic() - getattr(args, "started", deadline - args.max_time)
                 print(f"kvfuzz: {label}: vLLM {pool.info.vllm_version} ({pool.info.generation}, contract {pool.info.contract.name}), "
                       f"{len(pool.fuzzers())} worker(s) on {args.device}, seed {args.seed}", file=out, flush=True)
-                print(f"kvfuzz: target ready in {start_s:.1f} s (start_s)", file=out, flush=True)
+                warm = ", forked from a standby kept warm" if getattr(pool, "warm", False) else ""
+                print(f"kvfuzz: target ready in {start_s:.1f} s (start_s{warm})", file=out, flush=True)
                 for line in pool.info.checks_off:
                     print(f"kvfuzz: check off: {line}", file=out, flush=True)
                 if pool.info.uncovered:
@@ -356,7 +357,8 @@ def bench(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _start_times(args: argparse.Namespace) -> dict[str, float]:
-    """Seconds until the target's one worker is ready: cold (vLLM's own caches empty) and warm (a second start)."""
+    """Seconds until the target's one worker is ready: cold (vLLM's own caches empty, no standby), a fresh import with
+    warm caches (no standby), and warm (a second campaign: forked from the standby the first left, fuzz/campaign/standby.py)."""
     import tempfile
 
     def start() -> float:
@@ -364,10 +366,12 @@ def _start_times(args: argparse.Namespace) -> dict[str, float]:
         with open_pool(args, workers=1):
             return time.monotonic() - began
 
-    with tempfile.TemporaryDirectory() as empty, _environment(VLLM_CACHE_ROOT=empty):
+    with tempfile.TemporaryDirectory() as empty, _environment(VLLM_CACHE_ROOT=empty, KVFUZZ_KEEP_WARM="0"):
         cold = start()
-    start()  # warms the target's own state folder (fuzz/targets/releases.py vllm_state_folder)
-    return {"start_cold_s": cold, "start_warm_s": start()}
+    with _environment(KVFUZZ_KEEP_WARM="0"):
+        imported = start()  # also warms the target's own state folder (fuzz/targets/releases.py vllm_state_folder)
+    start()  # leaves a standby, where none was left before
+    return {"start_cold_s": cold, "start_fresh_import_s": imported, "start_warm_s": start()}
 
 
 @contextmanager

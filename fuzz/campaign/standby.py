@@ -42,7 +42,7 @@ DEFAULT_SECONDS = 600.0
 DEFAULT_COUNT = 4
 # Variables that differ between processes of one session and that nothing in a target process reads.
 VOLATILE = ("PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID",
-            "PYTEST_XDIST_WORKER_COUNT", "COLUMNS", "LINES")
+            "PYTEST_XDIST_WORKER_COUNT", "COLUMNS", "LINES", "KVFUZZ_KEEP_WARM", "KVFUZZ_KEEP_WARM_COUNT", "KVFUZZ_STANDBY_DIR")
 ASK_TIMEOUT = 5.0  # seconds for a standby to answer a request for a zygote
 
 
@@ -113,8 +113,7 @@ def ask(standby_key: str, address: str, parent: int, cwd: str, log: str) -> int 
     path = folder() / f"{standby_key}.sock"
     if not path.exists():
         return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(ASK_TIMEOUT)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # blocking: a Connection reads whole messages
     try:
         sock.connect(str(path))
         conn = Connection(sock.detach())
@@ -173,6 +172,7 @@ def _bind(path: Path) -> socket.socket | None:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(str(path))
         listener.listen(16)
+        path.with_suffix(".pid").write_text(str(os.getpid()))
         _evict(path, max_count())
         return listener
 
@@ -182,8 +182,9 @@ def _unbind(path: Path, listener: socket.socket) -> None:
     with open(path.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         listener.close()
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        for stale in (path, path.with_suffix(".pid")):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
 
 
 def _answers(path: Path) -> bool:
@@ -204,6 +205,16 @@ def _evict(keep: Path, count: int) -> None:
         _stop(path)
 
 
+def running() -> dict[str, int]:
+    """The standbys that answer, by key: their pids."""
+    found = {}
+    for path in folder().glob("*.sock"):
+        with contextlib.suppress(OSError, ValueError):
+            if _answers(path):
+                found[path.stem] = int(path.with_suffix(".pid").read_text())
+    return found
+
+
 def stop_all() -> int:
     """Stop every standby in the folder; how many answered."""
     stopped = 0
@@ -216,12 +227,12 @@ def stop_all() -> int:
 def _stop(path: Path) -> None:
     with contextlib.suppress(OSError, EOFError):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(ASK_TIMEOUT)
         sock.connect(str(path))
         with Connection(sock.detach()) as conn:
             protocol.send(conn, protocol.SHUTDOWN)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
+    for stale in (path, path.with_suffix(".pid")):
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
 
 
 def _serve(listener: socket.socket, path: Path, serve_zygote: Any) -> str:
@@ -230,17 +241,19 @@ def _serve(listener: socket.socket, path: Path, serve_zygote: Any) -> str:
     idle = idle_seconds()
     last = time.monotonic()
     while True:
-        listener.settimeout(max(0.1, last + idle - time.monotonic()))
+        left = last + idle - time.monotonic()
+        if left <= 0:
+            return "idle"
+        listener.settimeout(left)
         try:
             sock, _ = listener.accept()
         except OSError:  # the idle spell is over (TimeoutError), or the socket is gone
             return "idle"
-        last = time.monotonic()
-        with contextlib.suppress(OSError):
-            os.utime(path)  # the most recently used standby is the last evicted
-        sock.settimeout(ASK_TIMEOUT)
+        sock.setblocking(True)
         conn = Connection(sock.detach())
         try:
+            if not conn.poll(ASK_TIMEOUT):
+                raise EOFError
             name, request = protocol.receive(conn)
         except (OSError, EOFError, ValueError):
             conn.close()
@@ -248,6 +261,9 @@ def _serve(listener: socket.socket, path: Path, serve_zygote: Any) -> str:
         if name == protocol.SHUTDOWN:
             conn.close()
             return "stopped"
+        last = time.monotonic()  # a connection that asks nothing (a look whether the standby answers) is no use
+        with contextlib.suppress(OSError):
+            os.utime(path)  # the most recently used standby is the last evicted
         pid = os.fork()
         if pid == 0:
             listener.close()

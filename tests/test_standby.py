@@ -1,0 +1,196 @@
+"""Standby targets (fuzz/campaign/standby.py): the second pool on a target is forked from a process that imported it
+already, gets the same answers, and never outlives what it may: its idle spell, the count, a changed tree or setting,
+or a killed coordinator."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import pytest
+
+from fuzz.campaign import protocol, standby
+from fuzz.campaign.pool import Pool, RemoteTarget
+from fuzz.case import load
+from fuzz.targets.releases import TargetSource, resolve
+
+REPO = Path(__file__).resolve().parent.parent
+SEED_CASE = REPO / "corpus" / "seeds" / "cpu-attn-lbhnc-two-layers.json"
+
+
+@pytest.fixture
+def standbys(monkeypatch):
+    """A private standby folder (short: a socket's path has at most 107 bytes); its standbys stop with the test."""
+    folder = Path(tempfile.mkdtemp(prefix="kvs-"))
+    monkeypatch.setenv("KVFUZZ_STANDBY_DIR", str(folder))
+    yield folder
+    standby.stop_all()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def children(pid: int) -> set[int]:
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.add(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------------------------------------------- the key
+
+
+def fake_tree(root: Path) -> TargetSource:
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text("")
+    (root / "vllm" / "utils.py").write_text("X = 1\n")
+    return TargetSource(spec=str(root), kind="checkout", version=None, python_path=root)
+
+
+def test_the_key_follows_the_tree_and_the_environment_but_not_what_varies_between_test_processes(tmp_path):
+    source = fake_tree(tmp_path)
+    env = {"PATH": "/bin", "VLLM_KV_CACHE_LAYOUT": "LBNHC", "PYTEST_XDIST_WORKER": "gw0"}
+    first = standby.key(source, env)
+    assert standby.key(source, {**env, "PYTEST_XDIST_WORKER": "gw1", "PWD": "/elsewhere", "KVFUZZ_KEEP_WARM": "5"}) == first
+    assert standby.key(source, {**env, "VLLM_KV_CACHE_LAYOUT": "LHBNC"}) != first
+    assert standby.key(source, {k: v for k, v in env.items() if k != "VLLM_KV_CACHE_LAYOUT"}) != first
+    edited = tmp_path / "vllm" / "utils.py"
+    edited.write_text("X = 2\n")  # same size: the modification time tells
+    os.utime(edited, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert standby.key(source, env) != first
+    (tmp_path / "vllm" / "new.py").write_text("")
+    assert len({first, standby.key(source, env)}) == 2
+
+
+# ------------------------------------------------------------------------------- the mechanics, without vLLM
+
+
+def zygote_reporting_its_pid(request: dict) -> None:
+    """What a standby's fork runs here: connect to the asker's address and say who it is."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(request["address"])
+    with Connection(sock.detach()) as conn:
+        protocol.send(conn, protocol.HELLO, {"pid": os.getpid(), "cwd": os.getcwd()})
+
+
+def ask_and_hear(key: str, where: Path) -> tuple[int | None, dict | None]:
+    address = where / f"asker-{key}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(address))
+    listener.listen(1)
+    try:
+        pid = standby.ask(key, str(address), os.getpid(), str(where), str(where / "log"))
+        if pid is None:
+            return None, None
+        listener.settimeout(10)
+        sock, _ = listener.accept()
+        sock.setblocking(True)
+        with Connection(sock.detach()) as conn:
+            return pid, protocol.receive(conn)[1]
+    finally:
+        listener.close()
+        address.unlink()
+
+
+def test_a_standby_forks_for_each_asker_gives_way_to_newer_ones_and_leaves_when_idle(standbys, monkeypatch):
+    monkeypatch.setenv("KVFUZZ_KEEP_WARM", "3")
+    monkeypatch.setenv("KVFUZZ_KEEP_WARM_COUNT", "2")
+    work = Path(tempfile.mkdtemp(prefix="kvw-"))
+    try:
+        assert ask_and_hear("k1", work) == (None, None)  # nothing left yet: the pool imports the target itself
+        standby.leave("k1", zygote_reporting_its_pid)
+        wait_for(lambda: "k1" in standby.running(), 10, "the standby of k1 listening")
+        pid, said = ask_and_hear("k1", work)
+        assert pid is not None and said == {"pid": pid, "cwd": str(work)}  # the fork works in the asker's folder
+        kept = standby.running()["k1"]
+        assert kept not in (os.getpid(), pid) and kept not in children(os.getpid())  # detached: no child of the campaign's
+
+        time.sleep(0.1)
+        standby.leave("k2", zygote_reporting_its_pid)
+        wait_for(lambda: "k2" in standby.running(), 10, "the standby of k2 listening")
+        ask_and_hear("k1", work)  # k1 is now the most recently used
+        standby.leave("k3", zygote_reporting_its_pid)
+        wait_for(lambda: set(standby.running()) == {"k1", "k3"}, 10, "k2, the least recently used, stopped for k3")
+        assert ask_and_hear("k2", work) == (None, None)
+
+        pids = standby.running()
+        wait_for(lambda: not standby.running(), 15, "both standbys gone after 3 s without an asker")
+        assert not any(alive(pid) for pid in pids.values())
+        assert not list(standbys.glob("*.sock")) and not list(standbys.glob("*.pid"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_keep_warm_0_leaves_no_standby_and_asks_none(standbys, monkeypatch):
+    monkeypatch.setenv("KVFUZZ_KEEP_WARM", "0")
+    standby.leave("k0", zygote_reporting_its_pid)
+    time.sleep(0.5)
+    assert not standby.running() and not list(standbys.iterdir())
+
+
+# ------------------------------------------------------------------------------------- real targets (vLLM)
+
+
+@pytest.mark.slow
+def test_a_second_pool_is_forked_from_the_standby_and_gets_the_same_answers(standbys):
+    source, case = resolve("installed"), load(SEED_CASE)
+    with Pool(source, workers=1, keep_warm=False) as pool:
+        assert not pool.warm
+        cold = RemoteTarget(pool).execute(case, "cpu").to_dict()
+    assert not standby.running()  # keep_warm=False (a mutant's tree) leaves none
+    with Pool(source, workers=1) as pool:
+        assert not pool.warm
+        assert RemoteTarget(pool).execute(case, "cpu").to_dict() == cold
+    (key,) = standby.running()
+    began = time.monotonic()
+    with Pool(source, workers=1) as pool:
+        assert pool.warm and time.monotonic() - began < 5
+        zygote = pool.zygote.pid
+        assert zygote in children(standby.running()[key])
+        assert RemoteTarget(pool).execute(case, "cpu").to_dict() == cold
+    wait_for(lambda: not alive(zygote), 10, "the forked zygote gone with its pool")
+
+
+@pytest.mark.slow
+def test_sigkill_of_a_warm_coordinator_takes_its_zygote_and_workers_down(standbys, tmp_path):
+    source = resolve("installed")
+    with Pool(source, workers=1):
+        pass  # leaves the standby
+    (pid,) = standby.running().values()
+    process = subprocess.Popen([sys.executable, "-m", "fuzz.cli", "run", "--max-time", "300", "--workers", "2", "--corpus",
+                                str(tmp_path / "corpus"), "--quiet"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert "forked from a standby" in process.stdout.readline() + process.stdout.readline()
+        wait_for(lambda: any(len(children(z)) == 2 for z in children(pid)), 30, "a zygote of the standby with two workers")
+        (zygote,) = children(pid)
+        family = {zygote, *children(zygote)}
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    wait_for(lambda: not any(alive(p) for p in family), 10, "the zygote and its workers gone with their coordinator")
+    assert alive(pid), "the standby stays for the next campaign"
