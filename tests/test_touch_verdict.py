@@ -13,7 +13,7 @@ import pytest
 import oracles
 from fuzz.case import Case, GroupCase, SpecCase
 from fuzz.targets.base import BufferRecord, Outcome, ViewRecord, encode_bytes
-from fuzz.targets.readback import pattern_bytes
+from fuzz.targets.byte_runs import pattern_bytes
 from fuzz.verdict import touch as verdict
 from oracles.contract import LAYOUT_PLACED_KERNEL_MAP
 

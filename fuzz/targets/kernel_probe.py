@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from fuzz.case import GroupCase, Touches
-from fuzz.targets import readback, triton_interp
+from fuzz.targets import byte_runs, readback, triton_interp
 from fuzz.targets.base import encode_bytes
 from fuzz.targets.consumers import Unusable, forward_context, layer_backends
 from fuzz.targets.walk import Walk
@@ -273,11 +273,11 @@ def _inputs(shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.dev
     return parts
 
 
-def _landed(raw: list[torch.Tensor], before: list[np.ndarray], dtype: torch.dtype, count: int) -> tuple[np.ndarray, readback.Intervals]:
+def _landed(raw: list[torch.Tensor], before: list[np.ndarray], dtype: torch.dtype, count: int) -> tuple[np.ndarray, byte_runs.Intervals]:
     """Where each id landed, as buffer << 40 | byte (-1: nowhere), and the changed bytes no id explains."""
     width = torch.finfo(dtype).bits // 8
     landed = np.full(count, -1, dtype=np.int64)
-    stray: readback.Intervals = []
+    stray: byte_runs.Intervals = []
     for index, (buffer, old) in enumerate(zip(raw, before, strict=True)):
         now = readback.host_bytes(buffer)
         changed = np.flatnonzero(now != old)
@@ -292,5 +292,5 @@ def _landed(raw: list[torch.Tensor], before: list[np.ndarray], dtype: torch.dtyp
             if landed[ids[word]] == -1:
                 landed[ids[word]] = (index << 40) | int(word * width)
                 explained[word * width: word * width + width] = True
-        stray += [[index, start, end] for start, end in readback.runs(changed[~explained[changed]])]
+        stray += [[index, start, end] for start, end in byte_runs.runs(changed[~explained[changed]])]
     return landed, stray

@@ -27,7 +27,7 @@ import numpy as np
 
 from fuzz.case import Case
 from fuzz.targets.base import Outcome, decode_bytes
-from fuzz.targets.readback import mask_runs, pattern_bytes, pattern_slice
+from fuzz.targets.byte_runs import mask_runs, pattern_bytes, pattern_slice
 from fuzz.verdict.compare import REFUSALS
 from fuzz.verdict.findings import Finding, observed
 from oracles import touch
