@@ -175,6 +175,8 @@ def _parser() -> argparse.ArgumentParser:
     surface.add_argument("--probe", choices=("metadata", "kernel"), default="metadata", help="the cases' probe (default metadata)")
     surface.add_argument("--seed", type=int, default=0)
     surface.add_argument("--json", action="store_true", help="print the map as JSON")
+    standby = sub.add_parser("standby", help="the targets kept warm between campaigns (fuzz/campaign/standby.py): list or stop them")
+    standby.add_argument("--stop", action="store_true", help="stop every standby")
     _ci_parser(sub, target_options)
     _export_parsers(sub)
     return parser
@@ -247,7 +249,7 @@ def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout, stderr: Tex
 
     handlers = {"run": commands.run, "replay": commands.replay, "explain": commands.explain, "minimize": commands.shrink,
                 "bisect": commands.bisect, "bench": commands.bench, "selftest": commands.selftest, "ci": commands.ci, "mutate": mutate_command,
-                "surface": surface_command, "export": export_command, "report": report_command}
+                "surface": surface_command, "export": export_command, "report": report_command, "standby": commands.standby}
     # The atheris engine handles Ctrl-C itself (its fuzzing child is no pool of ours).
     atheris = args.command == "run" and args.engine == "atheris"
     with contextlib.nullcontext() if atheris else stop.handling():

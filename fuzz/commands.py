@@ -388,6 +388,21 @@ def _environment(**values: str) -> Iterator[None]:
                 os.environ[name] = value
 
 
+def standby(args: argparse.Namespace, out: TextIO) -> int:
+    """The standbys of this user (their key and pid), or with --stop, stop them."""
+    from fuzz.campaign import standby as standbys
+
+    if args.stop:
+        print(f"kvfuzz: stopped {standbys.stop_all()} standby(s)", file=out)
+        return 0
+    running = standbys.running()
+    for key, pid in sorted(running.items()):
+        print(f"{key}  pid {pid}", file=out)
+    print(f"kvfuzz: {len(running)} standby(s) in {standbys.folder()}, each kept {standbys.idle_seconds():g} s after its last use",
+          file=out)
+    return 0
+
+
 def ci(args: argparse.Namespace, out: TextIO) -> int:
     """Guard a vLLM change: corpus gate, campaign, reruns in fresh processes, baseline (fuzz/ci)."""
     from fuzz import __version__

@@ -4,6 +4,7 @@ or a killed coordinator."""
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import signal
@@ -140,7 +141,7 @@ def test_a_standby_forks_for_each_asker_gives_way_to_newer_ones_and_leaves_when_
 
         pids = standby.running()
         wait_for(lambda: not standby.running(), 15, "both standbys gone after 3 s without an asker")
-        assert not any(alive(pid) for pid in pids.values())
+        wait_for(lambda: not any(alive(pid) for pid in pids.values()), 10, "both standby processes ended")
         assert not list(standbys.glob("*.sock")) and not list(standbys.glob("*.pid"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -194,3 +195,19 @@ def test_sigkill_of_a_warm_coordinator_takes_its_zygote_and_workers_down(standby
         process.wait()
     wait_for(lambda: not any(alive(p) for p in family), 10, "the zygote and its workers gone with their coordinator")
     assert alive(pid), "the standby stays for the next campaign"
+
+
+def test_the_standby_command_lists_them_and_stops_them(standbys, monkeypatch):
+    from fuzz import cli
+
+    monkeypatch.setenv("KVFUZZ_KEEP_WARM", "60")
+    standby.leave("k9", zygote_reporting_its_pid)
+    wait_for(lambda: "k9" in standby.running(), 10, "the standby of k9 listening")
+    pid = standby.running()["k9"]
+    listed = io.StringIO()
+    assert cli.main(["standby"], stdout=listed) == 0
+    assert f"k9  pid {pid}\n" in listed.getvalue() and "1 standby(s)" in listed.getvalue()
+    stopped = io.StringIO()
+    assert cli.main(["standby", "--stop"], stdout=stopped) == 0
+    assert "stopped 1 standby(s)" in stopped.getvalue()
+    wait_for(lambda: not alive(pid), 10, "the standby gone")
