@@ -127,6 +127,7 @@ def test_every_mutant_of_the_layer_shape_function_dies(tmp_path):
     assert report["totals"]["survived"] == report["totals"]["unreached"] == 0, [m for m in report["mutants"] if m["status"] != "killed"]
     killed = [m for m in report["mutants"] if m["status"] == "killed"]
     assert all(m["start_s"] > 0 and 0 <= m["campaign_s"] <= m["seconds"] for m in killed), killed
+    assert all(m["forked"] for m in killed), "each mutant's target a fork of the unmutated tree's standby, not an import"
     firsts = sorted(m["campaign_s"] for m in killed)
     assert report["timing"]["killed_median_first_finding_s"] == round(statistics.median(firsts), 2)
 

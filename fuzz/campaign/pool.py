@@ -73,9 +73,15 @@ class Loss:
 
 class Pool:
     def __init__(self, source: TargetSource, *, workers: int = 1, case_timeout: float = 60.0, max_memory: int = 4 << 30,
-                 start_timeout: float = START_TIMEOUT, keep_warm: bool = True) -> None:
+                 start_timeout: float = START_TIMEOUT, keep_warm: bool = True, fork_of: tuple[str, dict[str, Any]] | None = None) -> None:
         self._closed = False
         self.keep_warm = keep_warm  # start from a standby of this target where one is left, and leave one (fuzz/campaign/standby.py)
+        # (key, patch): a zygote forked from another target's standby (the same tree in another environment), with `patch`
+        # applied where given (a mutant: fuzz/mutate/swap.py); where none answers or the patch does not apply, the pool
+        # imports its own target.
+        self.fork_of = fork_of
+        self.standby_key = ""  # the key of the standby this pool's zygote leaves ("" for none)
+        self.fork_failure: str | None = None  # why a patched fork of `fork_of` failed and the pool imported its target itself
         self.warm = False  # whether the zygote came from a standby
         self.source = source
         self.case_timeout = case_timeout
@@ -108,15 +114,28 @@ class Pool:
         env = worker_environment(self.source)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH", ""), str(SOURCE_ROOT)]))
         address, log = str(self.folder / "socket"), str(self.folder / "zygote.log")
-        key = standby.key(self.source, env) if self.keep_warm and standby.idle_seconds() else ""
-        pid = standby.ask(key, address, os.getpid(), str(self.folder), log) if key else None
+        self.standby_key = standby.key(self.source, env) if self.keep_warm and standby.idle_seconds() else ""
+        key, patch = self.fork_of or (self.standby_key, None)
+        pid = standby.ask(key, address, os.getpid(), str(self.folder), log, patch) if key else None
         if pid is not None:
             self.zygote, self.warm = standby.Adopted(pid), True
-        else:
-            command = [sys.executable, "-m", "fuzz.campaign.worker", address, str(os.getpid()), str(self.max_memory), key]
-            with open(log, "wb") as file:
-                self.zygote = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=file,
-                                               start_new_session=True, cwd=self.folder)  # never the caller's folder (worker_environment)
+            try:
+                self._handshake()
+                return
+            except TargetError as error:
+                if patch is None:
+                    raise
+                self.fork_failure = str(error)
+                self._discard_zygote()  # the patch did not apply to the standby's target: import the patched tree itself
+        command = [sys.executable, "-m", "fuzz.campaign.worker", address, str(os.getpid()), str(self.max_memory), self.standby_key]
+        with open(log, "ab") as file:
+            self.zygote = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=file,
+                                           start_new_session=True, cwd=self.folder)  # never the caller's folder (worker_environment)
+        self.warm = False
+        self._handshake()
+
+    def _handshake(self) -> None:
+        """Wait for the zygote's READY (its target's declarations) or its one-line failure."""
         deadline = time.monotonic() + self.start_timeout
         what = "the target process did not start"
         self.control = self._accept(deadline, self.start_timeout, what)
@@ -129,6 +148,14 @@ class Pool:
         if name == protocol.FAILED:
             raise TargetError(f"--vllm {self.source.spec}: cannot load the target: {payload['error']}")
         self.info = TargetInfo.from_dict(payload["info"])
+
+    def _discard_zygote(self) -> None:
+        if self.control is not None:
+            self.control.close()
+            self.control = None
+        if self.zygote is not None:
+            _signal(self.zygote.pid, signal.SIGKILL)
+            self.zygote = None
 
     def _wait_on(self, conns: list[Any], deadline: float, what: str) -> bool:
         """Whether one of `conns` became readable before `deadline`; the zygote's death ends it early, and while

@@ -105,9 +105,9 @@ def _tree_stamp(root: Path | None) -> bytes:
     return "\n".join(sorted(parts)).encode()
 
 
-def ask(standby_key: str, address: str, parent: int, cwd: str, log: str) -> int | None:
-    """Ask the standby of `standby_key` for a zygote that connects to `address`: its pid, or None when no standby
-    answers (none was left, or it just exited)."""
+def ask(standby_key: str, address: str, parent: int, cwd: str, log: str, patch: dict[str, Any] | None = None) -> int | None:
+    """Ask the standby of `standby_key` for a zygote that connects to `address` (with `patch` applied to its target
+    first: fuzz/mutate/swap.py): its pid, or None when no standby answers (none was left, or it just exited)."""
     if fcntl is None or idle_seconds() == 0:
         return None
     path = folder() / f"{standby_key}.sock"
@@ -118,7 +118,7 @@ def ask(standby_key: str, address: str, parent: int, cwd: str, log: str) -> int 
         sock.connect(str(path))
         conn = Connection(sock.detach())
         with conn:
-            protocol.send(conn, protocol.SPAWN, {"address": address, "parent": parent, "cwd": cwd, "log": log})
+            protocol.send(conn, protocol.SPAWN, {"address": address, "parent": parent, "cwd": cwd, "log": log, "patch": patch})
             if not conn.poll(ASK_TIMEOUT):
                 return None
             name, payload = protocol.receive(conn)

@@ -81,8 +81,24 @@ def zygote_main(address: str, parent: int, max_memory: int, standby_key: str = "
     # full collection takes milliseconds instead of half a second, and forks share those pages instead of copying them.
     gc.freeze()
     if standby_key:  # a copy of this process, kept warm for the next pool with the same key (fuzz/campaign/standby.py)
-        standby.leave(standby_key, lambda request: _serve_zygote(request["address"], connect(request["address"]), target))
+        standby.leave(standby_key, lambda request: _adopted(request, target))
     _serve_zygote(address, control, target)
+
+
+def _adopted(request: dict[str, Any], target: Target) -> None:
+    """A standby's fork serving the pool that asked; with a patch (a mutant), the patched function's code swapped in first.
+    The target stays the one loaded from the unpatched tree: its catalog and case space are the baseline's (case i the
+    same case on both trees), and the functions it calls are the objects that now run the patched body."""
+    control = connect(request["address"])
+    if request.get("patch"):
+        try:
+            from fuzz.mutate.swap import swap_function
+
+            swap_function(**request["patch"])
+        except BaseException as error:  # noqa: BLE001 - the pool imports the patched tree itself instead
+            protocol.send(control, protocol.FAILED, {"error": f"patch: {type(error).__name__}: {error}".splitlines()[0][:400]})
+            return
+    _serve_zygote(request["address"], control, target)
 
 
 def _serve_zygote(address: str, control: Connection, target: Target) -> None:

@@ -39,11 +39,15 @@ def run(config: dict) -> dict:
 
     starting = time.monotonic()
     try:
-        # A mutant's tree serves one campaign: no standby is left for it (fuzz/campaign/standby.py).
-        pool = Pool(source, workers=1, case_timeout=config["case_timeout"], max_memory=config["max_memory"], keep_warm=False)
+        # The unmutated tree's zygote leaves a standby; a mutant's zygote is a fork of it with the mutated function swapped
+        # in (fuzz/mutate/swap.py), or where that cannot be, an import of the mutant's tree, which leaves none.
+        fork_of = config.get("fork_of")
+        pool = Pool(source, workers=1, case_timeout=config["case_timeout"], max_memory=config["max_memory"], keep_warm=fork_of is None,
+                    fork_of=(fork_of["key"], fork_of["patch"]) if fork_of else None)
     except KvfuzzError as error:
         return {"status": "stillborn", "detail": str(error)}
     start_s = round(time.monotonic() - starting, 2)
+    standby_key, warm, fork_failure = pool.standby_key, pool.warm, pool.fork_failure
     with pool:
         options = CampaignOptions(device=config["device"], max_time=config["budget"], seed=config["seed"], corpus_dir=corpus_dir,
                                   synthetic=config["synthetic"], shrink_seconds=config.get("shrink_seconds", 0.0))
@@ -51,6 +55,7 @@ def run(config: dict) -> dict:
         report = campaign.run()
     new = [r for r in report.findings if beyond_baseline(r)]
     result: dict = {"status": "found" if new else "quiet", "cases": report.cases, "start_s": start_s, "elapsed_s": round(report.elapsed_s, 2),
+                    "standby_key": standby_key, "forked": warm, "fork_failure": fork_failure,
                     "signatures": sorted(r.finding.signature for r in report.findings),
                     "first_index": {r.finding.signature: r.index for r in report.findings}}
     if new:

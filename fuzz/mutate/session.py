@@ -65,10 +65,12 @@ class MutantResult:
     cases: int = 0
     start_s: float | None = None  # the mutant's target start-up (its zygote importing the mutated vLLM)
     campaign_s: float | None = None  # from the campaign's start (after start-up) to its first new finding, or its end
+    forked: bool | None = None  # its target a fork of the unmutated tree's standby (fuzz/mutate/swap.py), not an import
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.mutant.to_dict(), "edit": self.mutant.edit, "status": self.status, "detail": self.detail,
-                "seconds": round(self.seconds, 2), "cases": self.cases, "start_s": self.start_s, "campaign_s": self.campaign_s}
+                "seconds": round(self.seconds, 2), "cases": self.cases, "start_s": self.start_s, "campaign_s": self.campaign_s,
+                "forked": self.forked}
 
 
 @dataclass
@@ -80,6 +82,7 @@ class Session:
     baseline: list[str] = field(default_factory=list)
     first_index: dict[str, int] = field(default_factory=dict)  # signature -> first case index the unmutated tree showed it at
     reach_cases: int = 0
+    standby_key: str = ""  # the unmutated tree's standby, which the mutants' zygotes are forked from (fuzz/mutate/swap.py)
 
 
 def run_session(source: TargetSource, options: MutateOptions, progress: Callable[[str], None] = lambda _: None) -> Session:
@@ -99,6 +102,7 @@ def run_session(source: TargetSource, options: MutateOptions, progress: Callable
         base = _one(source, None, baseline_corpus, options, budget=2 * options.budget, stop_at_new=False, work=work, name="baseline")
         session.baseline = base.get("signatures", [])
         session.first_index = base.get("first_index", {})
+        session.standby_key = base.get("standby_key", "")
         if base["status"] == "stillborn":
             raise RuntimeError(f"the unmutated tree does not run: {base.get('detail')}")
         pending = []
@@ -135,7 +139,7 @@ def _resume(path: Path | None, session: Session) -> set[str]:
         mutant = Mutant(data["path"], data["function"], data["operator"], data["line"], data["offset"], data["original"],
                         data["replacement"], data["occurrence"])
         session.results.append(MutantResult(mutant, data["status"], data["detail"], data["seconds"], data["cases"],
-                                            data.get("start_s"), data.get("campaign_s")))
+                                            data.get("start_s"), data.get("campaign_s"), data.get("forked")))
         done.add(mutant.id)
     return done
 
@@ -192,10 +196,11 @@ def _one(source: TargetSource, tree: Path | None, corpus_dir: Path, options: Mut
 
 
 def _start_one(source: TargetSource, tree: Path | None, corpus_dir: Path, options: MutateOptions, *, budget: float, stop_at_new: bool,
-               work: Path, name: str, first_index: dict[str, int]) -> tuple[subprocess.Popen[bytes], Path]:
+               work: Path, name: str, first_index: dict[str, int],
+               fork_of: dict[str, Any] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
     config = {"corpus": str(corpus_dir), "first_index": first_index, "case_timeout": options.case_timeout,
               "max_memory": options.max_memory, "device": options.device, "budget": budget, "seed": options.seed,
-              "synthetic": options.synthetic, "stop_at_new": stop_at_new}
+              "synthetic": options.synthetic, "stop_at_new": stop_at_new, "fork_of": fork_of}
     config_path, out = work / f"{name}.config.json", work / f"{name}.result.json"
     config_path.write_text(json.dumps(config))
     env = _python_env(source, tree)
@@ -204,8 +209,6 @@ def _start_one(source: TargetSource, tree: Path | None, corpus_dir: Path, option
                                stdout=log, stderr=log, start_new_session=True)
     log.close()
     return process, out
-
-    process.wait()
 
 
 def _run_mutants(source: TargetSource, root: Path, pending: list[Mutant], options: MutateOptions, work: Path,
@@ -232,8 +235,10 @@ def _drive(source: TargetSource, root: Path, queue: list[Mutant], running: dict[
             mutant_tree(root, mutant, folder / "tree")
             corpus_dir = folder / "corpus"
             corpus_dir.mkdir(parents=True)
+            patch = {"path": mutant.path, "qualname": mutant.function, "source": (folder / "tree" / mutant.path).read_text()}
             process, out = _start_one(source, folder / "tree", corpus_dir, options, budget=options.budget, stop_at_new=True, work=folder,
-                                      name="run", first_index=session.first_index)
+                                      name="run", first_index=session.first_index,
+                                      fork_of={"key": session.standby_key, "patch": patch} if session.standby_key else None)
             running[mutant.id] = (mutant, process, out, time.monotonic(), folder)
         time.sleep(0.2)
         for key, (mutant, process, out, started, folder) in list(running.items()):
@@ -254,9 +259,9 @@ def _drive(source: TargetSource, root: Path, queue: list[Mutant], running: dict[
     return found
 
 
-def _timing(result: dict[str, Any]) -> tuple[int, float | None, float | None]:
-    """Cases run, start-up and campaign seconds, as a mutant's process reported them."""
-    return result.get("cases", 0), result.get("start_s"), result.get("elapsed_s")
+def _timing(result: dict[str, Any]) -> tuple[int, float | None, float | None, bool | None]:
+    """Cases run, start-up and campaign seconds, and whether its target was forked, as a mutant's process reported them."""
+    return result.get("cases", 0), result.get("start_s"), result.get("elapsed_s"), result.get("forked")
 
 
 def _last_line(log: Path) -> str:
@@ -272,7 +277,9 @@ def _confirm(source: TargetSource, found: list[tuple[Mutant, dict[str, Any], flo
     from fuzz.case import from_dict
     from fuzz.verdict.runner import run_case
 
-    with Pool(source, workers=1, case_timeout=options.case_timeout, max_memory=options.max_memory) as pool:
+    # The unmutated tree as the baseline campaign ran it: a fork of its standby where that is still there.
+    fork_of = (session.standby_key, None) if session.standby_key else None
+    with Pool(source, workers=1, case_timeout=options.case_timeout, max_memory=options.max_memory, fork_of=fork_of) as pool:
         target = RemoteTarget(pool)
         for mutant, result, elapsed in found:
             verdict = run_case(target, from_dict(result["case"]), options.device).verdict
