@@ -36,6 +36,7 @@ from fuzz.verdict.findings import PROCESS_KINDS
 from fuzz.verdict.runner import judge
 from oracles.contract import SHAPED_022
 from tests.chaos_trees import make_tree, set_control
+from tests.processes import alive, descendants, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 FUNCTION = "vllm.v1.worker.utils.allocate_kv_cache"  # the installed vLLM's (0.29 and later)
@@ -96,35 +97,6 @@ def one_error_line(stderr: str) -> str:
     lines = [line for line in stderr.splitlines() if line.startswith("kvfuzz:")]
     assert len(lines) == 1 and lines[0].startswith("kvfuzz: error: "), stderr
     return lines[0]
-
-
-def descendants(pid: int) -> set[int]:
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_for(condition, seconds: float, what: str) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {seconds} s"
-        time.sleep(0.2)
 
 
 # ---------------------------------------------------------------------------------------- no vLLM needed

@@ -22,6 +22,7 @@ from fuzz.campaign import protocol, standby
 from fuzz.campaign.pool import Pool, RemoteTarget
 from fuzz.case import load
 from fuzz.targets.releases import TargetSource, resolve
+from tests.processes import alive, children, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 SEED_CASE = REPO / "corpus" / "seeds" / "cpu-attn-lbhnc-two-layers.json"
@@ -35,32 +36,6 @@ def standbys(monkeypatch):
     yield folder
     standby.stop_all()
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def children(pid: int) -> set[int]:
-    found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.add(int(stat.parent.name))
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_for(condition, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
-        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------------------------------------- the key
@@ -105,7 +80,7 @@ def ask_and_hear(key: str, where: Path) -> tuple[int | None, dict | None]:
     listener.bind(str(address))
     listener.listen(1)
     try:
-        pid = standby.ask(key, str(address), os.getpid(), str(where), str(where / "log"))
+        pid = standby.ask(key, str(address), str(where), str(where / "log"))
         if pid is None:
             return None, None
         listener.settimeout(10)

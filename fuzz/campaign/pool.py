@@ -116,7 +116,7 @@ class Pool:
         address, log = str(self.folder / "socket"), str(self.folder / "zygote.log")
         self.standby_key = standby.key(self.source, env) if self.keep_warm and standby.idle_seconds() else ""
         key, patch = self.fork_of or (self.standby_key, None)
-        pid = standby.ask(key, address, os.getpid(), str(self.folder), log, patch) if key else None
+        pid = standby.ask(key, address, str(self.folder), log, patch) if key else None
         if pid is not None:
             self.zygote, self.warm = standby.Adopted(pid), True
             try:

@@ -105,7 +105,7 @@ def _tree_stamp(root: Path | None) -> bytes:
     return "\n".join(sorted(parts)).encode()
 
 
-def ask(standby_key: str, address: str, parent: int, cwd: str, log: str, patch: dict[str, Any] | None = None) -> int | None:
+def ask(standby_key: str, address: str, cwd: str, log: str, patch: dict[str, Any] | None = None) -> int | None:
     """Ask the standby of `standby_key` for a zygote that connects to `address` (with `patch` applied to its target
     first: fuzz/mutate/swap.py): its pid, or None when no standby answers (none was left, or it just exited)."""
     if fcntl is None or idle_seconds() == 0:
@@ -113,20 +113,28 @@ def ask(standby_key: str, address: str, parent: int, cwd: str, log: str, patch: 
     path = folder() / f"{standby_key}.sock"
     if not path.exists():
         return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # blocking: a Connection reads whole messages
     try:
-        sock.connect(str(path))
-        conn = Connection(sock.detach())
-        with conn:
-            protocol.send(conn, protocol.SPAWN, {"address": address, "parent": parent, "cwd": cwd, "log": log, "patch": patch})
+        with _connect(path) as conn:
+            protocol.send(conn, protocol.SPAWN, {"address": address, "cwd": cwd, "log": log, "patch": patch})
             if not conn.poll(ASK_TIMEOUT):
                 return None
             name, payload = protocol.receive(conn)
     except (OSError, EOFError):
         return None
-    finally:
-        sock.close()
     return int(payload["pid"]) if name == protocol.READY else None
+
+
+def _connect(path: Path) -> Connection:
+    """A connection to the standby at `path`; connecting waits at most ASK_TIMEOUT (a standby whose backlog is full)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(ASK_TIMEOUT)
+        sock.connect(str(path))
+        sock.setblocking(True)  # a Connection reads whole messages
+    except OSError:
+        sock.close()
+        raise
+    return Connection(sock.detach())
 
 
 def leave(standby_key: str, serve_zygote: Any) -> None:
@@ -188,13 +196,10 @@ def _unbind(path: Path, listener: socket.socket) -> None:
 
 
 def _answers(path: Path) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        probe.connect(str(path))
+        _connect(path).close()
     except OSError:
         return False
-    finally:
-        probe.close()
     return True
 
 
@@ -225,11 +230,8 @@ def stop_all() -> int:
 
 
 def _stop(path: Path) -> None:
-    with contextlib.suppress(OSError, EOFError):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(str(path))
-        with Connection(sock.detach()) as conn:
-            protocol.send(conn, protocol.SHUTDOWN)
+    with contextlib.suppress(OSError), _connect(path) as conn:
+        protocol.send(conn, protocol.SHUTDOWN)
     for stale in (path, path.with_suffix(".pid")):
         with contextlib.suppress(FileNotFoundError):
             stale.unlink()

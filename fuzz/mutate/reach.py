@@ -24,16 +24,27 @@ FLUSH_S = 2.0
 
 def code_objects(module_name: str, qualname: str) -> list[types.CodeType]:
     """The function's code and every code object nested in it (comprehensions, lambdas)."""
-    value: Any = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        value = inspect.getattr_static(value, part)
+    return list(_nested(defined_function(importlib.import_module(module_name), qualname).__code__))
+
+
+def defined_function(module: types.ModuleType, qualname: str) -> types.FunctionType:
+    """The Python function a module defines as `qualname`: a property's getter, a static or class method's function,
+    a cached property's, each unwrapped from its decorators."""
+    value: Any = module
+    try:
+        for part in qualname.split("."):
+            value = inspect.getattr_static(value, part)
+    except AttributeError:
+        raise LookupError(f"no definition of {qualname}") from None
     if isinstance(value, property):
         value = value.fget
     elif isinstance(value, (staticmethod, classmethod)):
         value = value.__func__
     value = getattr(value, "func", value)  # functools.cached_property
     value = inspect.unwrap(value)
-    return list(_nested(value.__code__))
+    if not isinstance(value, types.FunctionType):
+        raise TypeError(f"{qualname} is a {type(value).__name__}, not a Python function")
+    return value
 
 
 def _nested(code: types.CodeType) -> Iterator[types.CodeType]:

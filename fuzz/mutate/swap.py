@@ -22,14 +22,14 @@ import sys
 import types
 from typing import Any
 
-from fuzz.mutate.reach import module_name
+from fuzz.mutate.reach import defined_function, module_name
 
 
 def swap_function(path: str, qualname: str, source: str) -> None:
     """Give the function `qualname` of the module at `path` (relative to the tree) the body it has in `source`, the
     mutated text of that file."""
     module = importlib.import_module(module_name(path))
-    function = _function(module, qualname)
+    function = defined_function(module, qualname)
     compiled = _compiled(source, qualname, module)
     if compiled.__code__.co_freevars != function.__code__.co_freevars:
         raise ValueError(f"{qualname}: the mutated body has free variables {compiled.__code__.co_freevars}, "
@@ -38,24 +38,6 @@ def swap_function(path: str, qualname: str, source: str) -> None:
     function.__defaults__ = compiled.__defaults__
     function.__kwdefaults__ = compiled.__kwdefaults__
     _clear_caches()
-
-
-def _function(module: types.ModuleType, qualname: str) -> types.FunctionType:
-    value: Any = module
-    try:
-        for part in qualname.split("."):
-            value = inspect.getattr_static(value, part)
-    except AttributeError:
-        raise LookupError(f"no definition of {qualname}") from None
-    if isinstance(value, property):
-        value = value.fget
-    elif isinstance(value, (staticmethod, classmethod)):
-        value = value.__func__
-    value = getattr(value, "func", value)  # functools.cached_property
-    value = inspect.unwrap(value)
-    if not isinstance(value, types.FunctionType):
-        raise TypeError(f"{qualname} is a {type(value).__name__}, not a Python function")
-    return value
 
 
 def _compiled(source: str, qualname: str, module: types.ModuleType) -> types.FunctionType:
@@ -81,15 +63,11 @@ def _compiled(source: str, qualname: str, module: types.ModuleType) -> types.Fun
         ast.copy_location(node, cls)
     holder = ast.fix_missing_locations(ast.Module(body=[node], type_ignores=[]))
     scratch = dict(vars(module))  # the module's names, never rebound by this
-    exec(compile(holder, module.__file__ or path_of(module), "exec"), scratch)  # noqa: S102 - the mutant's own source
+    exec(compile(holder, module.__file__ or module.__name__, "exec"), scratch)  # noqa: S102 - the mutant's own source
     value: Any = scratch[parts[0]]
     for part in parts[1:]:
         value = inspect.getattr_static(value, part)
     return value
-
-
-def path_of(module: types.ModuleType) -> str:
-    return getattr(module, "__file__", None) or module.__name__
 
 
 def _clear_caches() -> None:
