@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -13,12 +14,24 @@ import pytest
 from fuzz.case import SpecCase
 from fuzz.ci.behaviour import Compared, moved_views
 from fuzz.ci.diff import IMPORT_TIME, ChangedFunction, changed_lines, diff_lines, locate_change, parse_unified, ranges_text
-from fuzz.ci.direct import UNDIRECTED, BatchReach, Direction, ReachStats, draw, features, undirected
+from fuzz.ci.direct import (
+    MAX_TAPES,
+    UNDIRECTED,
+    BatchReach,
+    Direction,
+    ReachStats,
+    TapeSource,
+    draw,
+    draw_taped,
+    features,
+    undirected,
+)
 from fuzz.ci.model import DiffCoverage, FunctionCoverage
 from fuzz.ci.report import report
 from fuzz.ci.sarif import sarif_log
 from fuzz.ci.summary import markdown
 from fuzz.ci.trace import ChangeTracer
+from fuzz.space import Rejected, draw_case
 from fuzz.targets.base import Outcome, ViewRecord
 from fuzz.verdict.compare import Verdict
 from fuzz.verdict.runner import CaseResult
@@ -207,6 +220,50 @@ def test_directed_draws_lean_towards_the_policy_keep_an_undirected_share_and_are
     assert Direction([]).redraw(info, task, 3) == draw(info, 7, 3, policy, touches=True)[0]
 
 
+def test_a_tape_replayed_draws_the_same_case_whatever_comes_after_it():
+    info = synthetic_info()
+    for index in range(40):
+        try:
+            case, _, tape = draw_taped(info, 5, index, None)
+        except Rejected:
+            continue
+        replayed = draw_case(TapeSource(random.Random(index + 1000), tape), info)
+        assert replayed == case
+        assert draw_taped(info, 5, index, None)[2] == tape
+
+
+def test_directed_draws_from_reaching_tapes_keep_what_no_named_choice_steers():
+    """Splitting into kernel blocks comes from a drawn block size (an integer, not a named option): weights alone
+    cannot steer it, neighbours of the tapes of splitting cases keep it."""
+    info = synthetic_info()
+    split = "split=kernel-blocks"
+    plain: list[bool] = []
+    tapes: list[list[float]] = []
+    for index in range(400):
+        try:
+            case, _, tape = draw_taped(info, 3, index, None)
+        except Rejected:
+            continue
+        plain.append(split in features(case))
+        if plain[-1] and len(tapes) < 8:
+            tapes.append(tape)
+    assert tapes and sum(plain) < 0.5 * len(plain)
+    weights = {split: 0.0}  # no feature a choice can be weighted by
+    policy = {"weights": weights, "base": 0.05, "tapes": tapes}
+    directed: list[bool] = []
+    for index in range(400, 600):
+        try:
+            case, was_directed = draw(info, 3, index, policy)
+        except Rejected:
+            continue
+        if was_directed:
+            directed.append(split in features(case))
+            assert draw(info, 3, index, policy) == (case, was_directed)
+    assert sum(directed) / len(directed) > 2 * sum(plain) / len(plain)
+    without = [draw(info, 3, index, {"weights": weights, "base": 0.05})[0] for index in range(400, 440) if not undirected(3, index)]
+    assert sum(split in features(case) for case in without) / len(without) < sum(directed) / len(directed)
+
+
 def test_batches_add_up_in_the_direction():
     function = ChangedFunction("vllm/v1/demo.py", "views", 19, 22, (21,))
     case = one_group(SpecCase("full", 16))
@@ -223,6 +280,16 @@ def test_batches_add_up_in_the_direction():
     assert [row.cases for row in coverage.functions] == [2, None]
     assert len(direction.samples) == 1  # the same case twice is one sample
     assert [f["qualname"] for f in direction.task()["changed"]] == ["views"]
+    # Reaching cases' tapes go to the coordinator, which hands the newest MAX_TAPES out with the policy.
+    taped = BatchReach([function], set())
+    for index in range(MAX_TAPES + 80):
+        taped.add(case, {("vllm/v1/demo.py", 21)}, True, index, case, [index / 1000])
+        if len(taped.tapes) == 4:
+            direction.take(json.loads(json.dumps(taped.to_dict())))
+            taped = BatchReach([function], set())
+    direction.stats.cases = 10_000
+    tapes = direction.task()["policy"]["tapes"]
+    assert len(tapes) == MAX_TAPES and tapes[-1] == [(MAX_TAPES + 79) / 1000]
 
 
 # ------------------------------------------------------------------ reports

@@ -7,36 +7,46 @@ coordinator (`Direction`) adds these up into a policy: per feature, the log of i
 overall rate (smoothed towards it). While no case has reached a changed line yet, the policy favours
 features seen least, so a rarely drawn variant gets its turn sooner.
 
-A directed case is drawn from derived seeds of the same index (candidate 0 is the undirected draw) until a
-candidate is likely to reach (its estimated reach rate, the overall rate times its features' lifts, is at
-least ACCEPT), at most CANDIDATES draws, and the best-scoring one runs; before the first hit, EXPLORE draws and
-the rarest features win. A changed line that one case in fifty reaches needs many draws per hit, and a draw
-costs a twentieth of a case's run. UNDIRECTED of the indices, picked by a hash of (seed, index), keep the
-undirected draw. The choice depends only on the task (seed, index, policy), so the coordinator can redraw the case a
-dead worker was running, and every case stays replayable from its JSON.
+A case's tape is the floats its draw consumed (`TapeSource`): replayed, it draws the same case. Workers send
+the tapes of some reaching cases; the coordinator keeps the newest MAX_TAPES and hands them out with the policy.
+Most of a directed case's candidates (all but FRESH) start from a neighbour of such a tape (one to three of its
+floats drawn anew), so most keep what made their parent reach, whatever choice that was (a block size that
+splits into kernel blocks, a `chance` that packs); each choice among named options (spec kinds, backends, layouts, dtypes, runners,
+packings) is also weighted by its feature's lift. Candidates are drawn until one is likely to reach (its
+estimated reach rate, the overall rate times its features' lifts, is at least ACCEPT), at most CANDIDATES, and
+the best-scoring one runs. Before the first hit, EXPLORE draws and the rarest features win. UNDIRECTED of the
+indices, picked by a hash of (seed, index), keep the undirected draw. The choice depends only on the task (seed,
+index, policy and its tapes), so the coordinator can redraw the case a dead worker was running, and every case
+stays replayable from its JSON.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections import Counter
+import random
+from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fuzz.case import Case, dumps
 from fuzz.ci.diff import ChangedFunction
 from fuzz.ci.model import DiffCoverage, FunctionCoverage
-from fuzz.space import Rejected, draw_indexed
+from fuzz.space import RandomSource, Rejected, case_seed, draw_case
 from fuzz.targets.base import TargetInfo
 
-CANDIDATES = 24  # draws per directed case, at most
-EXPLORE = 6  # draws per directed case while no case has reached the change
+CANDIDATES = 8  # draws per directed case, at most
+EXPLORE = 4  # draws per directed case while no case has reached the change
+STEER = 3.0  # the largest log-lift a steered choice weighs an option by, either way
 ACCEPT = 0.5  # estimated reach rate at which a candidate is taken without drawing more
 UNDIRECTED = 0.15  # share of indices that keep the undirected draw
 WARMUP = 64  # traced cases before the policy directs anything
 PRIOR = 4.0  # pseudo-cases pulling a feature's reach rate towards the overall rate
 MAX_SAMPLES = 24  # reaching cases kept to run on the baseline
+MAX_TAPES = 32  # tapes of reaching cases that directed draws start from, the newest kept
+TAPES_PER_BATCH = 4
+FRESH = 0.25  # share of directed candidates drawn from a fresh seed though tapes exist: room for other ways to reach
 
 
 def features(case: Case) -> frozenset[str]:
@@ -122,28 +132,105 @@ def candidate_seed(seed: int, candidate: int) -> int:
     return seed if candidate == 0 else (seed * 1_000_003 + candidate * 0x5DEECE66D) & ((1 << 63) - 1)
 
 
+class TapeSource(RandomSource):
+    """A RandomSource that replays a prefix of floats before its own, records every float it hands out (the case's
+    tape: replayed, it draws the same case), and with `lifts` weighs each choice among named options by exp(its
+    lift): an option named by a feature (`kind=mla`: the option "mla"), clamped to +-STEER so that none is ruled out;
+    options no feature names keep uniform odds."""
+
+    def __init__(self, rng: random.Random, prefix: Sequence[float] = (), lifts: dict[str, float] | None = None) -> None:
+        super().__init__(rng)
+        fresh = rng.random
+        pending = list(reversed(prefix))
+        self.tape: list[float] = []
+
+        def next_float() -> float:
+            value = pending.pop() if pending else fresh()
+            self.tape.append(value)
+            return value
+
+        self.random = next_float
+        self.lifts = lifts
+
+    def choice(self, options: Sequence[Any]) -> Any:
+        if not self.lifts or len(options) < 2 or not isinstance(options[0], str):
+            return super().choice(options)
+        odds = [math.exp(self.lifts.get(option, 0.0)) for option in options]
+        point = self.random() * sum(odds)
+        for option, weight in zip(options, odds, strict=True):
+            point -= weight
+            if point < 0:
+                return option
+        return options[-1]
+
+
+def option_lifts(weights: dict[str, float]) -> dict[str, float]:
+    """Per option value, the mean weight of the features naming it (a value two features share, such as a dtype that
+    is both a model and a cache dtype, gets their mean), clamped to +-STEER."""
+    named: dict[str, list[float]] = {}
+    for feature, weight in weights.items():
+        _, sep, value = feature.partition("=")
+        if sep:
+            named.setdefault(value, []).append(weight)
+    return {value: max(-STEER, min(STEER, sum(found) / len(found))) for value, found in named.items()}
+
+
+def mutated(tape: Sequence[float], rng: random.Random) -> list[float]:
+    """A reaching case's tape with one to three of its floats drawn anew: a neighbour that keeps most of its choices."""
+    changed = list(tape)
+    for _ in range(rng.randint(1, 3)):
+        changed[rng.randrange(len(changed))] = rng.random()
+    return changed
+
+
+def _from_tape(info: TargetInfo, rng: random.Random, prefix: Sequence[float], lifts: dict[str, float] | None, *, synthetic: bool,
+               scale: str, touches: bool, attempts: int = 50) -> tuple[Case, list[float]]:
+    """A case drawn as `draw_indexed` draws one (the same floats give the same case), and its tape: the floats of the
+    attempt that made it, so that replayed they draw it at once."""
+    source = TapeSource(rng, prefix, lifts)
+    for _ in range(attempts):
+        start = len(source.tape)
+        try:
+            return draw_case(source, info, synthetic=synthetic, scale=scale, touches=touches), source.tape[start:]
+        except Rejected:
+            continue
+    raise Rejected(f"no valid case in {attempts} attempts")
+
+
 def draw(info: TargetInfo, seed: int, index: int, policy: dict[str, Any] | None, *, synthetic: bool = True, scale: str = "small",
          touches: bool = False) -> tuple[Case, bool]:
-    """Case `index`: the undirected draw, or with a policy and outside the undirected share the first candidate likely
-    to reach, else the best of the candidates drawn. Returns the case and whether it was directed. Raises Rejected
-    when no candidate can be built."""
+    """Case `index`: the undirected draw, or with a policy and outside the undirected share a directed one (see
+    `draw_taped`). Returns the case and whether it was directed. Raises Rejected when no candidate can be built."""
+    case, directed, _ = draw_taped(info, seed, index, policy, synthetic=synthetic, scale=scale, touches=touches)
+    return case, directed
+
+
+def draw_taped(info: TargetInfo, seed: int, index: int, policy: dict[str, Any] | None, *, synthetic: bool = True,
+               scale: str = "small", touches: bool = False) -> tuple[Case, bool, list[float]]:
+    """`draw` with the drawn case's tape. A directed case's candidates are steered draws, each from a neighbour of a
+    reaching case's tape once the policy holds some (`tapes`), or from a fresh seed; the first candidate likely to
+    reach runs, else the best-scoring one."""
     if not policy or not policy.get("weights") or undirected(seed, index):
-        return draw_indexed(info, seed, index, synthetic=synthetic, scale=scale, touches=touches), False
-    weights, base = policy["weights"], policy.get("base", 0.0)
-    best: tuple[float, Case] | None = None
+        case, tape = _from_tape(info, random.Random(case_seed(seed, index)), (), None, synthetic=synthetic, scale=scale, touches=touches)
+        return case, False, tape
+    weights, base, tapes = policy["weights"], policy.get("base", 0.0), policy.get("tapes") or []
+    lifts = option_lifts(weights)
+    best: tuple[float, Case, list[float]] | None = None
     for candidate in range(CANDIDATES if base else EXPLORE):
+        rng = random.Random(case_seed(candidate_seed(seed, candidate), index))
+        prefix = mutated(tapes[rng.randrange(len(tapes))], rng) if tapes and rng.random() >= FRESH else ()
         try:
-            case = draw_indexed(info, candidate_seed(seed, candidate), index, synthetic=synthetic, scale=scale, touches=touches)
+            case, tape = _from_tape(info, rng, prefix, lifts, synthetic=synthetic, scale=scale, touches=touches)
         except Rejected:
             continue
         value = score(case, weights)
         if best is None or value > best[0]:
-            best = (value, case)
+            best = (value, case, tape)
         if base and estimate(value, base) >= ACCEPT:
             break
     if best is None:
         raise Rejected(f"no candidate case for index {index}")
-    return best[1], True
+    return best[1], True, best[2]
 
 
 # ------------------------------------------------------------------ the worker's side
@@ -159,11 +246,13 @@ class BatchReach:
         self.per_function: Counter[str] = Counter()
         self.directed = Counter[str]()  # cases and hits, directed and undirected
         self.samples: list[dict[str, Any]] = []
+        self.tapes: list[list[float]] = []
         self.sent = sent  # hit sets already sampled by this worker in this campaign
 
-    def add(self, case: Case, hits: set[tuple[str, int]], directed: bool, index: int, ran: Case) -> None:
+    def add(self, case: Case, hits: set[tuple[str, int]], directed: bool, index: int, ran: Case, tape: list[float] | None = None) -> None:
         reached = bool(hits)
-        self.stats.add(features(case), reached)
+        found = features(case)
+        self.stats.add(found, reached)
         side = "directed" if directed else "undirected"
         self.directed[f"{side}_cases"] += 1
         if not reached:
@@ -173,6 +262,8 @@ class BatchReach:
         for function in self.functions:
             if any((function.path, line) in hits for line in function.lines):
                 self.per_function[function.name] += 1
+        if tape and len(self.tapes) < TAPES_PER_BATCH:
+            self.tapes.append(tape)
         key = frozenset(hits)
         if key not in self.sent or len(self.samples) < 1:
             self.sent.add(key)
@@ -180,7 +271,8 @@ class BatchReach:
 
     def to_dict(self) -> dict[str, Any]:
         return {"stats": self.stats.to_dict(), "lines": sorted([path, line] for path, line in self.lines),
-                "functions": dict(self.per_function), "directed": dict(self.directed), "samples": self.samples[:4]}
+                "functions": dict(self.per_function), "directed": dict(self.directed), "samples": self.samples[:4],
+                "tapes": self.tapes}
 
 
 class WorkerReach:
@@ -194,13 +286,14 @@ class WorkerReach:
         self.batch = BatchReach(self.tracer.functions, self.sent)
         self.drawn: Case | None = None
         self.directed = False
+        self.tape: list[float] = []
 
     def begin(self) -> None:
         self.batch = BatchReach(self.tracer.functions, self.sent)
 
     def draw(self, info: TargetInfo, task: dict[str, Any], index: int) -> Case:
-        self.drawn, self.directed = draw(info, task["seed"], index, task.get("policy"), synthetic=task["synthetic"],
-                                         scale=task.get("scale", "small"), touches=True)
+        self.drawn, self.directed, self.tape = draw_taped(info, task["seed"], index, task.get("policy"), synthetic=task["synthetic"],
+                                                          scale=task.get("scale", "small"), touches=True)
         return self.drawn
 
     def start(self) -> None:
@@ -209,7 +302,7 @@ class WorkerReach:
     def stop(self, index: int, ran: Case) -> None:
         hits = self.tracer.stop()
         if self.drawn is not None:
-            self.batch.add(self.drawn, hits, self.directed, index, ran)
+            self.batch.add(self.drawn, hits, self.directed, index, ran, self.tape)
 
     def report(self) -> dict[str, Any]:
         return self.batch.to_dict()
@@ -235,6 +328,7 @@ class Direction:
     per_function: Counter[str] = field(default_factory=Counter)
     counts: Counter[str] = field(default_factory=Counter)
     samples: list[dict[str, Any]] = field(default_factory=list)
+    tapes: deque[list[float]] = field(default_factory=lambda: deque(maxlen=MAX_TAPES))
     _sampled: set[str] = field(default_factory=set)
 
     @property
@@ -245,14 +339,17 @@ class Direction:
         """Fields for a FUZZ task: the changed functions to trace and, once warmed up, the policy to draw by."""
         if not self.traced:
             return {}
-        weights = self.stats.policy() if self.directed and self.stats.cases >= WARMUP else None
-        return {"changed": [f.to_dict() for f in self.traced], "policy": weights}
+        policy = self.stats.policy() if self.directed and self.stats.cases >= WARMUP else None
+        if policy and self.tapes:
+            policy["tapes"] = list(self.tapes)
+        return {"changed": [f.to_dict() for f in self.traced], "policy": policy}
 
     def take(self, reach: dict[str, Any]) -> None:
         self.stats.merge(reach.get("stats", {}))
         self.lines.update((path, line) for path, line in reach.get("lines", ()))
         self.per_function.update(reach.get("functions", {}))
         self.counts.update(reach.get("directed", {}))
+        self.tapes.extend(reach.get("tapes", ()))
         for sample in reach.get("samples", ()):
             key = _hash(sample["case"])
             if len(self.samples) < MAX_SAMPLES and key not in self._sampled:
