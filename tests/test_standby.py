@@ -142,7 +142,8 @@ def test_a_second_pool_is_forked_from_the_standby_and_gets_the_same_answers(stan
     with Pool(source, workers=1) as pool:
         assert not pool.warm
         assert RemoteTarget(pool).execute(case, "cpu").to_dict() == cold
-    (key,) = standby.running()
+        key = pool.standby_key
+    assert key in standby.running()
     began = time.monotonic()
     with Pool(source, workers=1) as pool:
         assert pool.warm and time.monotonic() - began < 5
@@ -155,9 +156,9 @@ def test_a_second_pool_is_forked_from_the_standby_and_gets_the_same_answers(stan
 @pytest.mark.slow
 def test_sigkill_of_a_warm_coordinator_takes_its_zygote_and_workers_down(standbys, tmp_path):
     source = resolve("installed")
-    with Pool(source, workers=1):
+    with Pool(source, workers=1) as pool:
         pass  # leaves the standby
-    (pid,) = standby.running().values()
+    pid = standby.running()[pool.standby_key]
     process = subprocess.Popen([sys.executable, "-m", "fuzz.cli", "run", "--max-time", "300", "--workers", "2", "--corpus",
                                 str(tmp_path / "corpus"), "--quiet"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -170,6 +171,41 @@ def test_sigkill_of_a_warm_coordinator_takes_its_zygote_and_workers_down(standby
         process.wait()
     wait_for(lambda: not any(alive(p) for p in family), 10, "the zygote and its workers gone with their coordinator")
     assert alive(pid), "the standby stays for the next campaign"
+
+
+@pytest.mark.slow
+@pytest.mark.releases
+def test_a_target_no_standby_holds_imports_only_its_vllm_in_a_fork_of_the_base_and_gets_the_same_answers(standbys):
+    """The first cold start lists vLLM's dependencies and leaves the base standby; a second release then starts as a
+    fork of the base that imports its own tree, and answers as the same release started from nothing does."""
+    from fuzz.campaign import preload
+
+    first, second, case = resolve("0.28.0"), resolve("0.27.1"), load(SEED_CASE)
+    with Pool(second, workers=1, keep_warm=False) as pool:
+        cold_info, cold = pool.info.to_dict(), RemoteTarget(pool).execute(case, "cpu").to_dict()
+    with Pool(first, workers=1) as pool:
+        assert not pool.preloaded
+    listed = preload.modules_file().read_text().split()
+    assert "torch" in listed and not any(name.partition(".")[0] in ("vllm", "fuzz", "oracles") for name in listed)
+    wait_for(lambda: len(standby.running()) == 2, 60, "the base standby beside the first release's")
+    with Pool(second, workers=1) as pool:
+        assert pool.preloaded and not pool.warm
+        assert pool.info.to_dict() == cold_info
+        assert RemoteTarget(pool).execute(case, "cpu").to_dict() == cold
+        key = pool.standby_key
+    assert key in standby.running()  # the preloaded zygote leaves its own target's standby
+
+
+def test_the_base_is_keyed_without_what_only_vllm_reads(standbys, tmp_path):
+    from fuzz.campaign import preload
+
+    tree = str(tmp_path / "tree")
+    env = {"PATH": "/bin", "PYTHONPATH": os.pathsep.join([tree, "/src"]), "VLLM_CACHE_ROOT": "/c/1", "TRITON_INTERPRET": "1"}
+    base = preload.base_key(env, tree)
+    assert preload.base_key({**env, "PYTHONPATH": os.pathsep.join(["/other", "/src"]), "VLLM_CACHE_ROOT": "/c/2"}, "/other") == base
+    assert preload.base_key({**env, "TRITON_INTERPRET": "0"}, tree) != base  # read by a dependency
+    assert preload.base_key({**env, "PYTHONPATH": os.pathsep.join([tree, "/src", "/more"])}, tree) != base
+    assert preload.base_environment(env, tree) == {"PATH": "/bin", "PYTHONPATH": "/src", "TRITON_INTERPRET": "1"}
 
 
 def test_the_standby_command_lists_them_and_stops_them(standbys, monkeypatch):

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz import SOURCE_ROOT
-from fuzz.campaign import protocol, standby, stop
+from fuzz.campaign import preload, protocol, standby, stop
 from fuzz.case import Case, to_dict
 from fuzz.errors import InternalError, TargetError
 from fuzz.targets.base import TARGET_CRASHED, TARGET_HUNG, TARGET_OUT_OF_MEMORY, Execution, Outcome, TargetInfo
@@ -71,6 +71,10 @@ class Loss:
     phase: int  # protocol.IDLE, RUNNING (the case at index killed it) or SHRINKING (a candidate did)
 
 
+
+class ZygoteGone(TargetError):
+    """The target process ended before it said why (killed by a signal, or exited while importing)."""
+
 class Pool:
     def __init__(self, source: TargetSource, *, workers: int = 1, case_timeout: float = 60.0, max_memory: int = 4 << 30,
                  start_timeout: float = START_TIMEOUT, keep_warm: bool = True, fork_of: tuple[str, dict[str, Any]] | None = None) -> None:
@@ -83,6 +87,7 @@ class Pool:
         self.standby_key = ""  # the key of the standby this pool's zygote leaves ("" for none)
         self.fork_failure: str | None = None  # why a patched fork of `fork_of` failed and the pool imported its target itself
         self.warm = False  # whether the zygote came from a standby
+        self.preloaded = False  # whether it came from the base standby, vLLM's dependencies imported (fuzz/campaign/preload.py)
         self.source = source
         self.case_timeout = case_timeout
         self.max_memory = max_memory
@@ -127,12 +132,25 @@ class Pool:
                     raise
                 self.fork_failure = str(error)
                 self._discard_zygote()  # the patch did not apply to the standby's target: import the patched tree itself
+        tree = str(self.source.python_path) if self.source.python_path is not None else None
+        if self.standby_key and self.fork_of is None:
+            pid = preload.ask(env, tree, address, str(self.folder), log, self.max_memory, self.standby_key)
+            if pid is not None:
+                self.zygote, self.preloaded = standby.Adopted(pid), True
+                try:
+                    self._handshake()
+                    return
+                except ZygoteGone:  # died importing: a zygote of its own tells how (its exit status)
+                    self._discard_zygote()
+                    self.preloaded = False
         command = [sys.executable, "-m", "fuzz.campaign.worker", address, str(os.getpid()), str(self.max_memory), self.standby_key]
         with open(log, "ab") as file:
             self.zygote = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=file,
                                            start_new_session=True, cwd=self.folder)  # never the caller's folder (worker_environment)
         self.warm = False
         self._handshake()
+        if self.standby_key:
+            preload.leave_base(env, tree)  # the next target no standby holds imports only its vLLM
 
     def _handshake(self) -> None:
         """Wait for the zygote's READY (its target's declarations) or its one-line failure."""
@@ -144,7 +162,7 @@ class Pool:
         try:
             name, payload = protocol.receive(self.control)
         except (EOFError, OSError):
-            raise TargetError(f"--vllm {self.source.spec}: {what}: {self._zygote_error()}") from None
+            raise ZygoteGone(f"--vllm {self.source.spec}: {what}: {self._zygote_error()}") from None
         if name == protocol.FAILED:
             raise TargetError(f"--vllm {self.source.spec}: cannot load the target: {payload['error']}")
         self.info = TargetInfo.from_dict(payload["info"])

@@ -72,9 +72,14 @@ def folder() -> Path:
 
 def key(source: TargetSource, env: Mapping[str, str]) -> str:
     """What a target process's state depends on: the interpreter, kvfuzz's source, the target's tree, the environment."""
+    return key_of(env, _vllm_root(source))
+
+
+def key_of(env: Mapping[str, str], tree: Path | None = None) -> str:
+    """The key of a process that imported kvfuzz, `tree` (a vLLM tree, or none) and its dependencies in `env`."""
     digest = hashlib.blake2b(digest_size=16)
     digest.update(sys.executable.encode())
-    for root in (SOURCE_ROOT / "fuzz", SOURCE_ROOT / "oracles", _vllm_root(source)):
+    for root in (SOURCE_ROOT / "fuzz", SOURCE_ROOT / "oracles", tree):
         digest.update(_tree_stamp(root))
     for name in sorted(set(env) - set(VOLATILE)):
         digest.update(f"\0{name}={env[name]}".encode())
@@ -105,9 +110,11 @@ def _tree_stamp(root: Path | None) -> bytes:
     return "\n".join(sorted(parts)).encode()
 
 
-def ask(standby_key: str, address: str, cwd: str, log: str, patch: dict[str, Any] | None = None) -> int | None:
+def ask(standby_key: str, address: str, cwd: str, log: str, patch: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None) -> int | None:
     """Ask the standby of `standby_key` for a zygote that connects to `address` (with `patch` applied to its target
-    first: fuzz/mutate/swap.py): its pid, or None when no standby answers (none was left, or it just exited)."""
+    first: fuzz/mutate/swap.py; `extra`, more for the standby's own kind: fuzz/campaign/preload.py): its pid, or None
+    when no standby answers (none was left, or it just exited)."""
     if fcntl is None or idle_seconds() == 0:
         return None
     path = folder() / f"{standby_key}.sock"
@@ -115,7 +122,7 @@ def ask(standby_key: str, address: str, cwd: str, log: str, patch: dict[str, Any
         return None
     try:
         with _connect(path) as conn:
-            protocol.send(conn, protocol.SPAWN, {"address": address, "cwd": cwd, "log": log, "patch": patch})
+            protocol.send(conn, protocol.SPAWN, {**(extra or {}), "address": address, "cwd": cwd, "log": log, "patch": patch})
             if not conn.poll(ASK_TIMEOUT):
                 return None
             name, payload = protocol.receive(conn)

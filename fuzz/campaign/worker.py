@@ -15,6 +15,7 @@ while it is imported fails the start instead of taking the machine down.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import os
@@ -64,6 +65,12 @@ def die_with_parent(parent: int) -> None:
 
 def zygote_main(address: str, parent: int, max_memory: int, standby_key: str = "") -> None:
     die_with_parent(parent)
+    load_and_serve(address, max_memory, standby_key)
+
+
+def load_and_serve(address: str, max_memory: int, standby_key: str, record: bool = True) -> None:
+    """Import the target, report it, leave a standby of it, and serve its pool; `record`: list the dependencies it
+    imported for the base standby (fuzz/campaign/preload.py; a zygote forked from the base had them already)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _limit_memory(max(max_memory, IMPORT_MEMORY) if max_memory > 0 else 0)
     control = connect(address)
@@ -74,6 +81,11 @@ def zygote_main(address: str, parent: int, max_memory: int, standby_key: str = "
     except BaseException as error:  # noqa: BLE001 - report any import failure as one line
         protocol.send(control, protocol.FAILED, {"error": f"{type(error).__name__}: {error}".splitlines()[0][:400]})
         return
+    if record and standby_key:
+        from fuzz.campaign.preload import record_modules
+
+        with contextlib.suppress(OSError):
+            record_modules()
     import torch
 
     torch.set_num_threads(1)
