@@ -98,7 +98,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                 start_s = time.monotonic() - getattr(args, "started", deadline - args.max_time)
                 print(f"kvfuzz: {label}: vLLM {pool.info.vllm_version} ({pool.info.generation}, contract {pool.info.contract.name}), "
                       f"{len(pool.fuzzers())} worker(s) on {args.device}, seed {args.seed}", file=out, flush=True)
-                warm = ", forked from a standby kept warm" if getattr(pool, "warm", False) else ""
+                warm = (", forked from a standby kept warm" if getattr(pool, "warm", False)
+                        else ", dependencies preloaded" if getattr(pool, "preloaded", False) else "")
                 print(f"kvfuzz: target ready in {start_s:.1f} s (start_s{warm})", file=out, flush=True)
                 for line in pool.info.checks_off:
                     print(f"kvfuzz: check off: {line}", file=out, flush=True)
@@ -358,7 +359,8 @@ def bench(args: argparse.Namespace, out: TextIO) -> int:
 
 def _start_times(args: argparse.Namespace) -> dict[str, float]:
     """Seconds until the target's one worker is ready: cold (vLLM's own caches empty, no standby), a fresh import with
-    warm caches (no standby), and warm (a second campaign: forked from the standby the first left, fuzz/campaign/standby.py)."""
+    warm caches (no standby), preloaded (a fork of the base standby) and warm (a second campaign: forked from the
+    standby the first left, fuzz/campaign/standby.py)."""
     import tempfile
 
     def start() -> float:
@@ -371,7 +373,30 @@ def _start_times(args: argparse.Namespace) -> dict[str, float]:
     with _environment(KVFUZZ_KEEP_WARM="0"):
         imported = start()  # also warms the target's own state folder (fuzz/targets/releases.py vllm_state_folder)
     start()  # leaves a standby, where none was left before
-    return {"start_cold_s": cold, "start_fresh_import_s": imported, "start_warm_s": start()}
+    warm = start()
+    return {"start_cold_s": cold, "start_fresh_import_s": imported, "start_preloaded_s": _preloaded_start(args), "start_warm_s": warm}
+
+
+def _preloaded_start(args: argparse.Namespace) -> float:
+    """Seconds until the target is ready when only the base standby is left (fuzz/campaign/preload.py): as another release
+    or an edited tree starts once any target has started."""
+    import tempfile
+
+    from fuzz.campaign import standby
+
+    with tempfile.TemporaryDirectory(prefix="kvs-") as folder, _environment(KVFUZZ_STANDBY_DIR=folder):
+        try:
+            with open_pool(args, workers=1) as pool:  # lists the dependencies and leaves the base beside its own standby
+                key = pool.standby_key
+            deadline = time.monotonic() + 120
+            while len(standby.running()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            standby.stop(key)
+            began = time.monotonic()
+            with open_pool(args, workers=1):
+                return time.monotonic() - began
+        finally:
+            standby.stop_all()
 
 
 @contextmanager

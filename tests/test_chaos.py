@@ -89,8 +89,10 @@ def kvfuzz(*args: str, timeout: float = 300) -> tuple[subprocess.CompletedProces
     return result, time.monotonic() - began
 
 
-def start_kvfuzz(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "fuzz.cli", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start_kvfuzz(*args: str, keep_warm: bool = True) -> subprocess.Popen[str]:
+    env = None if keep_warm else {**os.environ, "KVFUZZ_KEEP_WARM": "0"}
+    return subprocess.Popen([sys.executable, "-m", "fuzz.cli", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
 
 
 def one_error_line(stderr: str) -> str:
@@ -411,8 +413,9 @@ def test_a_signal_at_a_random_moment_stops_the_campaign_with_its_report(busy_tre
 @pytest.mark.slow
 def test_sigkill_of_the_coordinator_leaves_no_process_and_loses_no_finding(busy_tree, tmp_path):
     corpus = tmp_path / "corpus"
+    # A zygote of its own, a child of the coordinator (one forked from a standby: tests/test_standby.py).
     process = start_kvfuzz("run", "--vllm", str(busy_tree), "--max-time", "300", "--workers", "2", "--case-timeout", "2",
-                           "--corpus", str(corpus), "--quiet")
+                           "--corpus", str(corpus), "--quiet", keep_warm=False)
     try:
         wait_for(lambda: len(list(corpus.glob("*.json"))) >= 2, 180, "two findings on disk")
         family = descendants(process.pid)

@@ -154,15 +154,23 @@ def test_a_second_pool_is_forked_from_the_standby_and_gets_the_same_answers(stan
 
 
 @pytest.mark.slow
-def test_sigkill_of_a_warm_coordinator_takes_its_zygote_and_workers_down(standbys, tmp_path):
+@pytest.mark.parametrize("start", ["warm", "preloaded"])
+def test_sigkill_of_a_warm_coordinator_takes_its_zygote_and_workers_down(standbys, tmp_path, start):
+    """The zygote is a fork of a standby, no child of the coordinator: the target's own standby (warm), or the base with
+    vLLM's dependencies imported when the target's own is gone (preloaded)."""
     source = resolve("installed")
     with Pool(source, workers=1) as pool:
-        pass  # leaves the standby
+        pass  # leaves the standby, and the first cold start in this folder the base
     pid = standby.running()[pool.standby_key]
+    if start == "preloaded":
+        wait_for(lambda: len(standby.running()) == 2, 60, "the base standby")
+        standby.stop(pool.standby_key)
+        (pid,) = standby.running().values()
     process = subprocess.Popen([sys.executable, "-m", "fuzz.cli", "run", "--max-time", "300", "--workers", "2", "--corpus",
                                 str(tmp_path / "corpus"), "--quiet"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        assert "forked from a standby" in process.stdout.readline() + process.stdout.readline()
+        said = {"warm": "forked from a standby", "preloaded": "dependencies preloaded"}[start]
+        assert said in process.stdout.readline() + process.stdout.readline()
         wait_for(lambda: any(len(children(z)) == 2 for z in children(pid)), 30, "a zygote of the standby with two workers")
         (zygote,) = children(pid)
         family = {zygote, *children(zygote)}

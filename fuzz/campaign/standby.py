@@ -236,6 +236,11 @@ def stop_all() -> int:
     return stopped
 
 
+def stop(standby_key: str) -> None:
+    """Stop the standby of `standby_key`, if one runs."""
+    _stop(folder() / f"{standby_key}.sock")
+
+
 def _stop(path: Path) -> None:
     with contextlib.suppress(OSError), _connect(path) as conn:
         protocol.send(conn, protocol.SHUTDOWN)
