@@ -22,8 +22,10 @@ import gc
 import hashlib
 import importlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from typing import Any
 from fuzz.campaign import standby
 
 OWN_PACKAGES = ("vllm", "fuzz", "oracles", "tests", "__main__", "__mp_main__")
+IMPORT_LIMIT = 120  # seconds the base may take to import the listed modules
 
 
 def modules_file() -> Path:
@@ -69,7 +72,7 @@ def base_key(env: Mapping[str, str], tree: str | None) -> str:
 
 def ask(env: Mapping[str, str], tree: str | None, address: str, cwd: str, log: str, max_memory: int, standby_key: str) -> int | None:
     """A zygote forked from the base standby that imports the target itself: its pid, or None without a base."""
-    request = {"env": dict(env), "tree": tree, "max_memory": max_memory, "standby_key": standby_key}
+    request = {"env": dict(env), "max_memory": max_memory, "standby_key": standby_key}
     return standby.ask(base_key(env, tree), address, cwd, log, extra=request)
 
 
@@ -78,19 +81,26 @@ def leave_base(env: Mapping[str, str], tree: str | None) -> None:
     if not modules_file().exists() or not standby.idle_seconds():
         return
     key = base_key(env, tree)
+    starting = standby.folder() / f"{key}.starting"
+    with contextlib.suppress(FileNotFoundError):
+        if time.time() - starting.stat().st_mtime < IMPORT_LIMIT:
+            return  # one is importing (pools that start at once start one base), or hung and about to be stopped
     if key in standby.running():
         return
+    starting.touch()
     subprocess.Popen([sys.executable, "-m", "fuzz.campaign.preload", key, str(modules_file())], env=base_environment(env, tree),
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                      cwd=standby.folder())
 
 
 def _base_main(key: str, listed: str) -> None:
+    signal.alarm(IMPORT_LIMIT)  # a module whose import hangs: no base, and the next cold start may try again
     for name in [*Path(listed).read_text().split(), "fuzz.campaign.worker"]:
         with contextlib.suppress(Exception):  # a module that needs what only vLLM sets up: vLLM imports it itself
             importlib.import_module(name)
     if any(name.partition(".")[0] == "vllm" for name in sys.modules):
         return  # a dependency imported vLLM: its tree would not be the target's
+    signal.alarm(0)
     gc.freeze()
     base_path = [part for part in os.environ.get("PYTHONPATH", "").split(os.pathsep) if part]
     standby.leave(key, lambda request: _become_target(request, base_path))
