@@ -35,10 +35,10 @@ NOT_RUN = {
 }
 CHECKOUT = "/path/to/vllm"
 STARTUP_SECONDS = 40.0  # a campaign still running this long after it started has accepted its options and target
-# A line that says the command is past its checks and running: a campaign's progress line, or mutate's baseline campaign
-# (its target has started and traced the cases by then).
-# A campaign is stopped this long after it: its options, target and corpus were all accepted by then.
-RUNNING = re.compile(r"kvfuzz: (\d+ cases, |baseline campaign on the unmutated tree)")
+# A line that says the command is past its checks and running: a campaign's progress line, or mutate's tracing of the
+# unmutated tree once its target is up. A campaign is stopped this long after it: its options, target and corpus were
+# all accepted by then.
+RUNNING = re.compile(r"kvfuzz: (\d+ cases, |target up in .* tracing the unmutated tree's cases)")
 RUNNING_SECONDS = 3.0
 
 

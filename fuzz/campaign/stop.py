@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -69,13 +69,16 @@ def handling() -> Iterator[None]:
         _installed, _requested = False, None
 
 
-def wait_or_kill(process: Any, seconds: float) -> bool:
+def wait_or_kill(process: Any, seconds: float, until: Callable[[], bool] | None = None) -> bool:
     """Wait for a subprocess (started in a session of its own) to end, at most `seconds` and no longer than a stop request;
-    False, with its process group killed, when it did not end in time. A stop request kills it and raises Stopped."""
+    False, with its process group killed, when it did not end in time. A stop request kills it and raises Stopped.
+    With `until`, also return (True, the process left running) as soon as `until()` holds."""
     deadline = time.monotonic() + seconds
     try:
         while process.poll() is None:
             check()
+            if until is not None and until():
+                return True
             if time.monotonic() > deadline:
                 kill_group(process)
                 return False

@@ -87,6 +87,7 @@ def main(config_path: str, out_path: str) -> None:
     def flush(cases: int) -> None:
         Path(out_path).write_text(json.dumps({"cases": cases, "lines": {p: sorted(lines) for p, lines in reached.items()}}))
 
+    flush(0)  # the target is up: the session says so
     deadline = time.monotonic() + config["seconds"]
     last, index = time.monotonic(), 0
     sys.settrace(calls)

@@ -96,7 +96,7 @@ def run_session(source: TargetSource, options: MutateOptions, progress: Callable
     work = Path(tempfile.mkdtemp(prefix="kvfuzz-mutate-"))
     try:
         progress(f"{len(mutants)} mutants of {len(session.functions)} functions; tracing which lines the cases reach")
-        reached, session.reach_cases = _reach(source, root, session.functions, options, work)
+        reached, session.reach_cases = _reach(source, root, session.functions, options, work, progress)
         baseline_corpus = work / "baseline"
         progress(f"baseline campaign on the unmutated tree ({2 * options.budget:g} s)")
         base = _one(source, None, baseline_corpus, options, budget=2 * options.budget, stop_at_new=False, work=work, name="baseline")
@@ -161,7 +161,8 @@ def _python_env(source: TargetSource, tree: Path | None = None) -> dict[str, str
     return env
 
 
-def _reach(source: TargetSource, root: Path, functions: list[Function], options: MutateOptions, work: Path) -> tuple[dict[str, set[int]], int]:
+def _reach(source: TargetSource, root: Path, functions: list[Function], options: MutateOptions, work: Path,
+           progress: Callable[[str], None]) -> tuple[dict[str, set[int]], int]:
     config = {"functions": [{"path": f.path, "qualname": f.qualname} for f in functions], "seed": options.seed,
               "seconds": options.reach_seconds if options.reach_seconds is not None else options.budget,
               "max_cases": 10**9, "synthetic": options.synthetic, "device": options.device}
@@ -171,7 +172,10 @@ def _reach(source: TargetSource, root: Path, functions: list[Function], options:
     with open(log, "w") as stderr:
         process = subprocess.Popen([sys.executable, "-m", "fuzz.mutate.reach", str(config_path), str(out)], env=_python_env(source),
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
-        stop.wait_or_kill(process, config["seconds"] + START_MARGIN_S)
+        began, limit = time.monotonic(), config["seconds"] + START_MARGIN_S
+        if stop.wait_or_kill(process, limit, until=out.exists) and process.poll() is None:  # its first write: the target is up
+            progress(f"target up in {time.monotonic() - began:.1f} s; tracing the unmutated tree's cases ({config['seconds']:g} s)")
+            stop.wait_or_kill(process, limit - (time.monotonic() - began))
     if not out.exists():
         lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
         raise TargetError(f"--vllm {source.spec}: tracing the unmutated tree failed before any case ran: {(lines or ['no output'])[-1][:300]}")
