@@ -422,7 +422,7 @@ def standby(args: argparse.Namespace, out: TextIO) -> int:
         return 0
     running = standbys.running()
     for key, pid in sorted(running.items()):
-        print(f"{key}  pid {pid}", file=out)
+        print(f"{key}  pid {pid}  {standbys.label(key)}".rstrip(), file=out)
     print(f"kvfuzz: {len(running)} standby(s) in {standbys.folder()}, each kept {standbys.idle_seconds():g} s after its last use",
           file=out)
     return 0

@@ -202,6 +202,8 @@ def test_a_target_no_standby_holds_imports_only_its_vllm_in_a_fork_of_the_base_a
         assert RemoteTarget(pool).execute(case, "cpu").to_dict() == cold
         key = pool.standby_key
     assert key in standby.running()  # the preloaded zygote leaves its own target's standby
+    assert sorted(standby.label(k).split(" (")[0].split(" from ")[0] for k in standby.running()) == [
+        "vLLM 0.27.1", "vLLM 0.28.0", "vLLM's dependencies"]
 
 
 def test_the_base_is_keyed_without_what_only_vllm_reads(standbys, tmp_path):
@@ -220,12 +222,12 @@ def test_the_standby_command_lists_them_and_stops_them(standbys, monkeypatch):
     from fuzz import cli
 
     monkeypatch.setenv("KVFUZZ_KEEP_WARM", "60")
-    standby.leave("k9", zygote_reporting_its_pid)
+    standby.leave("k9", zygote_reporting_its_pid, label="vLLM 9.9.9 from /somewhere")
     wait_for(lambda: "k9" in standby.running(), 10, "the standby of k9 listening")
     pid = standby.running()["k9"]
     listed = io.StringIO()
     assert cli.main(["standby"], stdout=listed) == 0
-    assert f"k9  pid {pid}\n" in listed.getvalue() and "1 standby(s)" in listed.getvalue()
+    assert f"k9  pid {pid}  vLLM 9.9.9 from /somewhere\n" in listed.getvalue() and "1 standby(s)" in listed.getvalue()
     stopped = io.StringIO()
     assert cli.main(["standby", "--stop"], stdout=stopped) == 0
     assert "stopped 1 standby(s)" in stopped.getvalue()

@@ -103,7 +103,8 @@ def _base_main(key: str, listed: str) -> None:
     signal.alarm(0)
     gc.freeze()
     base_path = [part for part in os.environ.get("PYTHONPATH", "").split(os.pathsep) if part]
-    standby.leave(key, lambda request: _become_target(request, base_path))
+    listed_count = len(Path(listed).read_text().split())
+    standby.leave(key, lambda request: _become_target(request, base_path), label=f"vLLM's dependencies ({listed_count} modules), preloaded")
 
 
 def _become_target(request: dict[str, Any], base_path: list[str]) -> None:

@@ -144,9 +144,10 @@ def _connect(path: Path) -> Connection:
     return Connection(sock.detach())
 
 
-def leave(standby_key: str, serve_zygote: Any) -> None:
+def leave(standby_key: str, serve_zygote: Any, label: str = "") -> None:
     """Called by a zygote that has imported its target: fork a standby that outlives it (detached, in a session of its
-    own), which forks a zygote running `serve_zygote(request)` for every pool that asks."""
+    own), which forks a zygote running `serve_zygote(request)` for every pool that asks; `label` says what it holds
+    (`kvfuzz standby` lists it)."""
     if fcntl is None or idle_seconds() == 0:
         return
     first = os.fork()
@@ -156,12 +157,12 @@ def leave(standby_key: str, serve_zygote: Any) -> None:
     try:  # the middle process: detach, fork the standby, exit (the standby is no child of the campaign's)
         os.setsid()
         if os.fork() == 0:
-            _standby_main(standby_key, serve_zygote)
+            _standby_main(standby_key, serve_zygote, label)
     finally:
         os._exit(0)
 
 
-def _standby_main(standby_key: str, serve_zygote: Any) -> None:
+def _standby_main(standby_key: str, serve_zygote: Any, label: str) -> None:
     for fd in range(3, 1024):  # the zygote's connections (its pool sees their end as the zygote's) and files
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -170,12 +171,12 @@ def _standby_main(standby_key: str, serve_zygote: Any) -> None:
         os.dup2(null, fd)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its zygotes are reaped by the kernel
     path = folder() / f"{standby_key}.sock"
-    listener = _bind(path)
+    listener = _bind(path, label)
     if listener is not None and _serve(listener, path, serve_zygote) == "idle":
         _unbind(path, listener)
 
 
-def _bind(path: Path) -> socket.socket | None:
+def _bind(path: Path, label: str = "") -> socket.socket | None:
     """The standby's socket, unless a live standby of the same key holds it; then the least recently used standbys
     beyond the count are stopped."""
     with open(path.parent / ".lock", "w") as lock:
@@ -188,6 +189,7 @@ def _bind(path: Path) -> socket.socket | None:
         listener.bind(str(path))
         listener.listen(16)
         path.with_suffix(".pid").write_text(str(os.getpid()))
+        path.with_suffix(".label").write_text(label)
         _evict(path, max_count())
         return listener
 
@@ -197,7 +199,7 @@ def _unbind(path: Path, listener: socket.socket) -> None:
     with open(path.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         listener.close()
-        for stale in (path, path.with_suffix(".pid")):
+        for stale in (path, path.with_suffix(".pid"), path.with_suffix(".label")):
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
 
@@ -227,6 +229,14 @@ def running() -> dict[str, int]:
     return found
 
 
+def label(standby_key: str) -> str:
+    """What the standby of `standby_key` holds, as it said when it started ("" if it said nothing)."""
+    try:
+        return (folder() / f"{standby_key}.label").read_text()
+    except OSError:
+        return ""
+
+
 def stop_all() -> int:
     """Stop every standby in the folder; how many answered."""
     stopped = 0
@@ -244,7 +254,7 @@ def stop(standby_key: str) -> None:
 def _stop(path: Path) -> None:
     with contextlib.suppress(OSError), _connect(path) as conn:
         protocol.send(conn, protocol.SHUTDOWN)
-    for stale in (path, path.with_suffix(".pid")):
+    for stale in (path, path.with_suffix(".pid"), path.with_suffix(".label")):
         with contextlib.suppress(FileNotFoundError):
             stale.unlink()
 

@@ -93,7 +93,10 @@ def load_and_serve(address: str, max_memory: int, standby_key: str, record: bool
     # full collection takes milliseconds instead of half a second, and forks share those pages instead of copying them.
     gc.freeze()
     if standby_key:  # a copy of this process, kept warm for the next pool with the same key (fuzz/campaign/standby.py)
-        standby.leave(standby_key, lambda request: _adopted(request, target))
+        import vllm
+
+        where = os.path.dirname(os.path.dirname(vllm.__file__ or ""))
+        standby.leave(standby_key, lambda request: _adopted(request, target), label=f"vLLM {target.info.vllm_version} from {where}")
     _serve_zygote(address, control, target)
 
 
