@@ -71,9 +71,9 @@ class Loss:
     phase: int  # protocol.IDLE, RUNNING (the case at index killed it) or SHRINKING (a candidate did)
 
 
-
 class ZygoteGone(TargetError):
     """The target process ended before it said why (killed by a signal, or exited while importing)."""
+
 
 class Pool:
     def __init__(self, source: TargetSource, *, workers: int = 1, case_timeout: float = 60.0, max_memory: int = 4 << 30,

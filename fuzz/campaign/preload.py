@@ -95,7 +95,8 @@ def leave_base(env: Mapping[str, str], tree: str | None) -> None:
 
 def _base_main(key: str, listed: str) -> None:
     signal.alarm(IMPORT_LIMIT)  # a module whose import hangs: no base, and the next cold start may try again
-    for name in [*Path(listed).read_text().split(), "fuzz.campaign.worker"]:
+    names = Path(listed).read_text().split()
+    for name in [*names, "fuzz.campaign.worker"]:
         with contextlib.suppress(Exception):  # a module that needs what only vLLM sets up: vLLM imports it itself
             importlib.import_module(name)
     if any(name.partition(".")[0] == "vllm" for name in sys.modules):
@@ -103,8 +104,7 @@ def _base_main(key: str, listed: str) -> None:
     signal.alarm(0)
     gc.freeze()
     base_path = [part for part in os.environ.get("PYTHONPATH", "").split(os.pathsep) if part]
-    listed_count = len(Path(listed).read_text().split())
-    standby.leave(key, lambda request: _become_target(request, base_path), label=f"vLLM's dependencies ({listed_count} modules), preloaded")
+    standby.leave(key, lambda request: _become_target(request, base_path), label=f"vLLM's dependencies ({len(names)} modules), preloaded")
 
 
 def _become_target(request: dict[str, Any], base_path: list[str]) -> None:

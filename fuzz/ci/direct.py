@@ -251,8 +251,7 @@ class BatchReach:
 
     def add(self, case: Case, hits: set[tuple[str, int]], directed: bool, index: int, ran: Case, tape: list[float] | None = None) -> None:
         reached = bool(hits)
-        found = features(case)
-        self.stats.add(found, reached)
+        self.stats.add(features(case), reached)
         side = "directed" if directed else "undirected"
         self.directed[f"{side}_cases"] += 1
         if not reached:
