@@ -218,6 +218,32 @@ def test_the_base_is_keyed_without_what_only_vllm_reads(standbys, tmp_path):
     assert preload.base_environment(env, tree) == {"PATH": "/bin", "PYTHONPATH": "/src", "TRITON_INTERPRET": "1"}
 
 
+def test_a_base_still_importing_when_the_standbys_stop_does_not_start(standbys, tmp_path):
+    from fuzz import SOURCE_ROOT
+    from fuzz.campaign import preload
+
+    (tmp_path / "slow_dependency.py").write_text("import time\ntime.sleep(3)\n")
+    preload.modules_file().write_text("json\nslow_dependency\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(SOURCE_ROOT)])}
+    preload.leave_base(env, None)
+    key = preload.base_key(env, None)
+
+    def importing() -> list[int]:
+        return [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if alive(pid) and key in _cmdline(pid)]
+
+    wait_for(lambda: importing(), 10, "the base importing")
+    assert standby.stop_all() == 0
+    wait_for(lambda: not importing(), 20, "the base gone without starting")
+    assert key not in standby.running()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_the_standby_command_lists_them_and_stops_them(standbys, monkeypatch):
     from fuzz import cli
 

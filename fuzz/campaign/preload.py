@@ -88,12 +88,12 @@ def leave_base(env: Mapping[str, str], tree: str | None) -> None:
     if key in standby.running():
         return
     starting.touch()
-    subprocess.Popen([sys.executable, "-m", "fuzz.campaign.preload", key, str(modules_file())], env=base_environment(env, tree),
+    subprocess.Popen([sys.executable, "-m", "fuzz.campaign.preload", key, str(modules_file()), str(starting)], env=base_environment(env, tree),
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                      cwd=standby.folder())
 
 
-def _base_main(key: str, listed: str) -> None:
+def _base_main(key: str, listed: str, starting: str) -> None:
     signal.alarm(IMPORT_LIMIT)  # a module whose import hangs: no base, and the next cold start may try again
     names = Path(listed).read_text().split()
     for name in [*names, "fuzz.campaign.worker"]:
@@ -101,6 +101,8 @@ def _base_main(key: str, listed: str) -> None:
             importlib.import_module(name)
     if any(name.partition(".")[0] == "vllm" for name in sys.modules):
         return  # a dependency imported vLLM: its tree would not be the target's
+    if not Path(starting).exists():
+        return  # the standbys were stopped (`kvfuzz standby --stop`, a test session's end) while this one imported
     signal.alarm(0)
     gc.freeze()
     base_path = [part for part in os.environ.get("PYTHONPATH", "").split(os.pathsep) if part]
@@ -120,4 +122,4 @@ def _become_target(request: dict[str, Any], base_path: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    _base_main(sys.argv[1], sys.argv[2])
+    _base_main(sys.argv[1], sys.argv[2], sys.argv[3])
