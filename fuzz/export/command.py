@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TextIO
 
 from fuzz.errors import KvfuzzError
+from fuzz.export import declared
 from fuzz.export.code import NoTemplate
 from fuzz.export.finding import FindingFile, finding_files, read_finding
 from fuzz.export.reach import reach_of
@@ -46,7 +47,7 @@ def _backend_layouts(spec: str | None) -> tuple[BackendLayouts | None, str | Non
 def export_command(args: argparse.Namespace, out: TextIO) -> int:
     """Writes one test module per finding that has a template; one line for each that has none. Exit 0 when any was
     written, 1 when none was."""
-    findings = _findings(args.findings)
+    findings = declared.ask(_findings(args.findings))
     layouts, version = _backend_layouts(args.vllm)
     args.out.mkdir(parents=True, exist_ok=True)
     written = 0
@@ -65,7 +66,7 @@ def export_command(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def report_command(args: argparse.Namespace, out: TextIO) -> int:
-    finding = read_finding(args.finding)
+    [finding] = declared.ask([read_finding(args.finding)])
     spec = args.vllm or finding.newest_affected or "installed"
     layouts, evidence = _run_on(finding, spec, args)
     reach = reach_of(finding.case, finding.meta, layouts)

@@ -1,8 +1,8 @@
 """What an exported view test expects, from kvfuzz's oracle at export time: each layer's tensors as plain numbers
 (shape, dtype, the bytes each block owns, where each element starts), and the module-level helpers that check them.
 
-The oracle sees the case as the finding stored it; where it needs what only the release can tell (a shipped backend's
-declared cache shape before vLLM 0.29), it has no views to give and the template says so (NoTemplate)."""
+The oracle sees the case as the finding stored it, with the declared cache shapes its release gave (fuzz/export/declared.py);
+where it needs one nobody asked the release for, it has no views to give and the template says so (NoTemplate)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 
 import oracles
 from fuzz.export.code import NoTemplate, layer_names
+from fuzz.export.declared import declared_case
 from fuzz.export.finding import FindingFile, version_key
 from oracles.expectation import Expectation, ViewExpectation
 
@@ -84,7 +85,8 @@ def contracts(finding: FindingFile) -> list[str]:
 
 
 def expectation(finding: FindingFile, contract: str) -> Expectation:
-    return oracles.expect(finding.case, oracles.CONTRACTS[contract], "v1" if finding.case.runner == "v1" else "v2")
+    case = declared_case(finding, contract)
+    return oracles.expect(case, oracles.CONTRACTS[contract], "v1" if case.runner == "v1" else "v2")
 
 
 def _byte_runs(view: ViewExpectation, block: int) -> list[tuple[int, int]]:
@@ -123,7 +125,8 @@ def expected_literal(finding: FindingFile) -> str:
             if case_name in expected.kv_sharing:
                 continue
             if not layer.views:
-                raise NoTemplate("the oracle needs the backend's declared cache shape, which only its release can tell")
+                raise NoTemplate("the oracle needs the backend's declared cache shape, which its release did not give "
+                                 "(it could not run the case)")
             lines.append(f'        "{names[case_name]}": [')
             for view in layer.views:
                 lines += _view_lines(view, finding.case.num_blocks)

@@ -63,6 +63,13 @@ OPTIONAL: dict[str, str] = {
     "_reshape_kv_cache": "the V2 model runner's _reshape_kv_cache (vLLM 0.19 - 0.28; 0.29 replaced it with allocate_kv_cache)",
     "_allocate_kv_cache": "the V2 model runner's _allocate_kv_cache (vLLM 0.19 - 0.28)",
     "GPUModelRunner": "the V1 model runner (vllm/v1/worker/gpu_model_runner.py, gone in 0.34)",
+    "allocate_kv_cache": "the allocation by KVCacheLayout (vLLM 0.29+)",
+    "KVCacheLayout": "the KVCacheLayout names (vLLM 0.29+)",
+    "get_supported_kv_cache_layouts": "the backends' supported KVCacheLayouts (vLLM 0.29+)",
+    "resolve_kv_cache_layout": "the KVCacheLayout resolution (vLLM 0.29+)",
+    "SlidingWindowMLASpec": "SlidingWindowMLASpec (vLLM 0.20+)",
+    "KVQuantMode": "the KV-cache quant modes (vLLM 0.20+)",
+    "get_kv_quant_mode": "the KV-cache quant modes (vLLM 0.20+)",
 }
 # Names only some releases have, None elsewhere: the test runs that step only where the release has it.
 NONE_WHERE_MISSING: dict[str, str] = {

@@ -196,7 +196,10 @@ def steps(finding: FindingFile, module: Module) -> str:
         raise NoTemplate(f"no exporter writes {case.packing} packing yet")
     cache_dtype = next((g.spec.cache_dtype for g in case.groups if g.spec.kind != "mamba"), "auto")
     lines += ["kv_cache_config = get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, 1 << 40)",
-              "assert kv_cache_config.num_blocks == NUM_BLOCKS", "",
+              "assert kv_cache_config.num_blocks == NUM_BLOCKS"]
+    if case.packing == "cross_layers":  # a connector without a name: the views must not ask it for its layout
+        lines += ["vllm_config.kv_transfer_config = None  # the planner alone reads the setting; no connector runs here"]
+    lines += ["",
               "# The model runner's steps " + ("(initialize_kv_cache, vllm/v1/worker/gpu_model_runner.py)." if case.runner == "v1" else
                                                "(init_attn_backend and init_kv_cache, vllm/v1/worker/gpu/attn_utils.py)."),
               "attn_groups = [", *(f"    {group}," for group in groups), "]",

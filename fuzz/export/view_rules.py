@@ -3,6 +3,7 @@ oracle's, or vLLM refuses the configuration with the errors it promises)."""
 
 from __future__ import annotations
 
+import ast
 import textwrap
 
 from fuzz.export.code import BYTE_HELPERS, Module, indent
@@ -48,6 +49,22 @@ def title(finding: FindingFile, where: str) -> str:
     return titles.get(finding.kind, f"{where} gives a layer a view that is not its blocks' bytes ({finding.kind})")
 
 
+def hoisted_backends(body: str) -> tuple[str, str]:
+    """`body` split into its backend lookups (`backend_N = backend_class(...)`) and the rest: a refusal test looks the
+    backends up before `pytest.raises`, so that only vLLM's KV-cache code can raise what the test expects (a backend
+    whose import fails half-way may raise anything, or skip)."""
+    lines = body.splitlines(keepends=True)
+    lookups: set[int] = set()
+    for statement in ast.parse(textwrap.dedent(body)).body:
+        value = getattr(statement, "value", None)
+        if isinstance(statement, ast.Assign) and (
+                isinstance(value, ast.Call) and getattr(value.func, "id", None) == "backend_class"
+                or isinstance(value, ast.Name) and value.id == "AttentionBackend"):
+            lookups.update(range(statement.lineno - 1, statement.end_lineno or statement.lineno))
+    return ("".join(line for i, line in enumerate(lines) if i in lookups),
+            "".join(line for i, line in enumerate(lines) if i not in lookups))
+
+
 def add_check(module: Module, finding: FindingFile, name: str, body: str, probe: str) -> None:
     """The test function: `body` (the walk, indented) under the finding kind's rule and check, on releases whose
     contract (told by `probe`, a module-level `release_contract()`) is one the rule and EXPECTED are written for."""
@@ -60,8 +77,9 @@ def add_check(module: Module, finding: FindingFile, name: str, body: str, probe:
             "        pytest.skip(f\"this vLLM follows kvfuzz's contract {release_contract()}, not one of {CONTRACTS}\")\n")
     if finding.kind in INVALID_KINDS:
         rule = comment(REFUSAL_RULE.format(reason=reject_reason(finding).rstrip(".")))
-        module.add(f"def {name}(vllm_config, monkeypatch):\n{gate}{indent(rule)}\n"
-                   "    with pytest.raises((ValueError, NotImplementedError)):\n" + indent(body))
+        backends, rest = hoisted_backends(body)
+        module.add(f"def {name}(vllm_config, monkeypatch):\n{gate}{backends}{indent(rule)}\n"
+                   "    with pytest.raises((ValueError, NotImplementedError)):\n" + indent(rest))
         return
     module.add(expected_literal(finding))
     module.add(BYTE_HELPERS)

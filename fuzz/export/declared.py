@@ -1,0 +1,116 @@
+"""A shipped backend's declared cache shape, which an exported test's expectation needs and only a release can tell.
+
+Before vLLM 0.29 a backend declares its cache shape and stride order (`get_kv_cache_shape`,
+`get_kv_cache_stride_order`) and `_reshape_kv_cache` views the pages through them; kvfuzz's oracle lays the views out
+from that declaration (it holds the declaration itself to the contract: oracles/declarations.py). A corpus case keeps
+no declaration (the minimizer drops it, so that each release is asked its own), so the exporter asks the release the
+finding affects, once per contract, and a corpus file keeps the answer under `declared`:
+{release: [[shape, stride order] or null, one per KV-cache group]}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from fuzz.case import Case, GroupCase
+from fuzz.corpus.store import write_atomic
+from fuzz.errors import KvfuzzError
+from fuzz.export.finding import FindingFile, version_key
+
+DECLARED = "declared"
+Declarations = list[Any]  # per group: [shape, stride order], or None where nothing was declared
+
+
+def needs_declarations(finding: FindingFile) -> bool:
+    """A pre-0.29 finding with an attention group on a shipped backend whose declaration the case does not hold."""
+    return not finding.layout_placed and any(_asks(group) for group in finding.case.groups)
+
+
+def _asks(group: GroupCase) -> bool:
+    return group.spec.is_attention and group.backend is not None and group.synthetic_backend is None and group.declared_shape is None
+
+
+def releases_to_ask(finding: FindingFile) -> list[str]:
+    """The newest release of each contract the finding affects: one answer per contract its test checks."""
+    from fuzz.export.expected import contract_of
+
+    newest: dict[str | None, str] = {}
+    for release in finding.affected:
+        newest[contract_of(release)] = release
+    return sorted(newest.values(), key=version_key)
+
+
+def missing(finding: FindingFile) -> list[str]:
+    if not needs_declarations(finding):
+        return []
+    recorded = finding.meta.get(DECLARED) or {}
+    return [release for release in releases_to_ask(finding) if release not in recorded]
+
+
+def declared_case(finding: FindingFile, contract: str) -> Case:
+    """The finding's case with the declarations of its release under `contract` (else of the nearest older contract's,
+    else of the oldest recorded): the oracle's input for the test's expectation under that contract."""
+    from fuzz.export.expected import RELEASE_CONTRACTS, contract_of
+
+    recorded: dict[str, Declarations] = finding.meta.get(DECLARED) or {}
+    if not recorded or not needs_declarations(finding):
+        return finding.case
+    rank = {name: index for index, (_, name) in enumerate(RELEASE_CONTRACTS)}
+    ordered = sorted(recorded, key=version_key)
+    at_or_before = [release for release in ordered if rank.get(contract_of(release) or "", -1) <= rank[contract]]
+    return with_declarations(finding.case, recorded[at_or_before[-1] if at_or_before else ordered[0]])
+
+
+def with_declarations(case: Case, answer: Declarations) -> Case:
+    groups = []
+    for group, declared in zip(case.groups, answer, strict=True):
+        if declared is not None and _asks(group):
+            shape, order = declared
+            group = dataclasses.replace(group, declared_shape=tuple(shape), declared_stride_order=None if order is None else tuple(order))
+        groups.append(group)
+    return dataclasses.replace(case, groups=tuple(groups))
+
+
+def ask(findings: Iterable[FindingFile]) -> list[FindingFile]:
+    """The findings with every declaration they miss asked of its release (one target per release); a release that
+    cannot run a case leaves that finding without it, and its exporter says why."""
+    from fuzz.campaign.pool import Pool
+    from fuzz.targets import releases
+
+    findings = list(findings)
+    wanted: dict[str, list[int]] = {}
+    for index, finding in enumerate(findings):
+        for release in missing(finding):
+            wanted.setdefault(release, []).append(index)
+    answers: dict[int, dict[str, Declarations]] = {}
+    for release, indices in sorted(wanted.items(), key=lambda item: version_key(item[0])):
+        with Pool(releases.resolve(release), workers=1) as pool:
+            for index in indices:
+                try:
+                    execution = pool.execute(findings[index].case, "cpu")
+                except KvfuzzError:
+                    continue
+                answers.setdefault(index, {})[release] = declarations_of(execution.case)
+    return [_recorded(finding, answers[index]) if index in answers else finding for index, finding in enumerate(findings)]
+
+
+def declarations_of(case: Case) -> Declarations:
+    return [None if group.declared_shape is None else [list(group.declared_shape),
+                                                       None if group.declared_stride_order is None else list(group.declared_stride_order)]
+            for group in case.groups]
+
+
+def _recorded(finding: FindingFile, answers: dict[str, Declarations]) -> FindingFile:
+    declared = {**(finding.meta.get(DECLARED) or {}), **answers}
+    return dataclasses.replace(finding, meta={**finding.meta, DECLARED: dict(sorted(declared.items(), key=lambda item: version_key(item[0])))})
+
+
+def write_back(finding: FindingFile) -> None:
+    """Keeps the finding's declarations in its corpus file (the other fields as they were)."""
+    data = json.loads(Path(finding.path).read_text())
+    if data.get(DECLARED) != finding.meta.get(DECLARED):
+        write_atomic(Path(finding.path), {**data, DECLARED: finding.meta[DECLARED]})
