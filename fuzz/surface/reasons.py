@@ -69,7 +69,7 @@ RULES: tuple[Rule, ...] = (
     Rule("gpu", "HiSparse: host mirrors of the KV cache moved by CUDA DMA", r"hisparse"),
     Rule("gpu", "HiSparse: host mirrors of the KV cache moved by CUDA DMA", "", r"HiSparse"),
     Rule("scheduler-step", "an example / benchmark connector: loads, saves or fills KV blocks per request, from a scheduler's "
-         "connector metadata", _CONNECTORS + r".*(example_connector|decode_bench_connector)"),
+         "connector metadata", _CONNECTORS + r".*(example_connector|example_hidden_states_connector|decode_bench_connector)"),
     Rule("gap", "cross-layer KV blocks registered with the offloading connector: kvfuzz's offload consumer calls register_kv_caches only",
          _CONNECTORS + r".*offloading", r"register_cross_layers_kv_caches?$"),
     Rule("delegates", "MultiConnector: hands the caches to each connector it wraps", _CONNECTORS + r".*multi_connector"),
