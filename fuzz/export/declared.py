@@ -18,8 +18,8 @@ from typing import Any
 
 from fuzz.case import Case, GroupCase
 from fuzz.corpus.store import write_atomic
-from fuzz.errors import KvfuzzError
-from fuzz.export.finding import FindingFile, version_key
+from fuzz.errors import InternalError, TargetError
+from fuzz.export.finding import RELEASE_CONTRACTS, FindingFile, contract_of, version_key
 
 DECLARED = "declared"
 Declarations = list[Any]  # per group: [shape, stride order], or None where nothing was declared
@@ -36,8 +36,6 @@ def _asks(group: GroupCase) -> bool:
 
 def releases_to_ask(finding: FindingFile) -> list[str]:
     """The newest release of each contract the finding affects: one answer per contract its test checks."""
-    from fuzz.export.expected import contract_of
-
     newest: dict[str | None, str] = {}
     for release in finding.affected:
         newest[contract_of(release)] = release
@@ -54,8 +52,6 @@ def missing(finding: FindingFile) -> list[str]:
 def declared_case(finding: FindingFile, contract: str) -> Case:
     """The finding's case with the declarations of its release under `contract` (else of the nearest older contract's,
     else of the oldest recorded): the oracle's input for the test's expectation under that contract."""
-    from fuzz.export.expected import RELEASE_CONTRACTS, contract_of
-
     recorded: dict[str, Declarations] = finding.meta.get(DECLARED) or {}
     if not recorded or not needs_declarations(finding):
         return finding.case
@@ -92,7 +88,9 @@ def ask(findings: Iterable[FindingFile]) -> list[FindingFile]:
             for index in indices:
                 try:
                     execution = pool.execute(findings[index].case, "cpu")
-                except KvfuzzError:
+                except InternalError:
+                    raise  # kvfuzz's own code failed: never a finding left unexported quietly
+                except TargetError:
                     continue
                 answers.setdefault(index, {})[release] = declarations_of(execution.case)
     return [_recorded(finding, answers[index]) if index in answers else finding for index, finding in enumerate(findings)]

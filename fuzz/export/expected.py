@@ -11,7 +11,7 @@ import numpy as np
 import oracles
 from fuzz.export.code import NoTemplate, layer_names
 from fuzz.export.declared import declared_case
-from fuzz.export.finding import FindingFile, version_key
+from fuzz.export.finding import RELEASE_CONTRACTS, FindingFile, contract_of
 from oracles.expectation import Expectation, ViewExpectation
 
 # The finding kinds whose test checks the views, and those whose test checks that vLLM refuses the case.
@@ -54,18 +54,6 @@ VIEW_HELPERS = '''
                 wanted = element_starts(want["shape"], want["byte_strides"], want["byte_offset"])
                 assert actual == wanted, f"{name}: elements inside a block are not in the order the layout declares"
 '''
-
-
-# The contract each release's V2 runner follows, as kvfuzz's adapters probe it (README's adapter table): the entry of the
-# newest release at or before it.
-RELEASE_CONTRACTS = (("0.19.1", "shaped-0.19"), ("0.20.0", "shaped-0.20"), ("0.21.0", "shaped-0.21"), ("0.22.0", "shaped-0.22"),
-                     ("0.23.0", "shaped-0.23"), ("0.24.0", "shaped-0.24"), ("0.27.0", "shaped-0.27"), ("0.29.0", "placed-0.29"),
-                     ("0.32.0", "placed-0.32"))
-
-
-def contract_of(release: str) -> str | None:
-    names = [name for first, name in RELEASE_CONTRACTS if version_key(first) <= version_key(release)]
-    return names[-1] if names else None
 
 
 def contracts(finding: FindingFile) -> list[str]:

@@ -62,6 +62,18 @@ def version_key(version: str) -> tuple[int, ...]:
     return tuple(int(number) for number in re.findall(r"\d+", version))
 
 
+# The contract each release's V2 runner follows, as kvfuzz's adapters probe it (README's adapter table): the entry of the
+# newest release at or before it.
+RELEASE_CONTRACTS = (("0.19.1", "shaped-0.19"), ("0.20.0", "shaped-0.20"), ("0.21.0", "shaped-0.21"), ("0.22.0", "shaped-0.22"),
+                     ("0.23.0", "shaped-0.23"), ("0.24.0", "shaped-0.24"), ("0.27.0", "shaped-0.27"), ("0.29.0", "placed-0.29"),
+                     ("0.32.0", "placed-0.32"))
+
+
+def contract_of(release: str) -> str | None:
+    names = [name for first, name in RELEASE_CONTRACTS if version_key(first) <= version_key(release)]
+    return names[-1] if names else None
+
+
 def read_finding(path: Path) -> FindingFile:
     """A corpus finding: CaseError (one line) when the file is missing, not JSON, or holds no finding."""
     try:
