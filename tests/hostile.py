@@ -27,26 +27,25 @@ def make_hostile_checkout(folder: Path) -> Path:
     return make_tree(folder, "vllm.v1.worker.utils.allocate_kv_cache", RULES)
 
 
-def seed_meeting(info: TargetInfo, actions: tuple[str, ...], cases: int, seeds: int = 200) -> int:
-    """A campaign seed whose first `cases` draws meet the trigger of each action at least twice.
+def seed_meeting(info: TargetInfo, actions: tuple[str, ...], cases: int, seeds: int = 200) -> tuple[int, int]:
+    """A campaign seed whose first `cases` draws meet the trigger of each action, and how many of its first draws
+    it takes to meet them all once (a campaign that long meets each, and pays for no more hangs than it must).
 
     The case stream changes whenever the case space does, so the campaign tests pick their seed
     from it instead of hard-coding one that once worked.
     """
     from fuzz.space import Rejected, draw_indexed
 
+    wanted = {TRIGGERS[action] for action in actions}
     for seed in range(seeds):
-        met = dict.fromkeys(actions, 0)
+        met: set[tuple[int, int]] = set()
         for index in range(cases):
             try:
                 case = draw_indexed(info, seed, index, touches=True)
             except Rejected:
                 continue
-            if not case.groups:
-                continue
-            trigger = (case.groups[0].spec.head_size, case.num_blocks)
-            for action in actions:
-                met[action] += trigger == TRIGGERS[action]
-        if min(met.values()) >= 2:
-            return seed
+            if case.groups:
+                met.add((case.groups[0].spec.head_size, case.num_blocks))
+            if wanted <= met:
+                return seed, index + 1
     raise AssertionError(f"no seed below {seeds} meets {actions} within {cases} cases")

@@ -259,6 +259,26 @@ def test_crashes_and_hangs_are_recorded_bad_seeds_quarantined_and_fuzzing_goes_o
     assert all(killers(quarantined)) and not any(killers(kept))
 
 
+@pytest.mark.parametrize("stop_reason, shrunk", [("SIGINT", False), ("max-time", True)])
+def test_a_run_stopped_by_sigint_keeps_its_findings_as_found_and_shrinks_none(tmp_path, monkeypatch, stop_reason, shrunk):
+    from fuzz.engines import atheris_engine
+
+    found = [{"signature": "crash-on-valid | mla | f | E", "path": str(tmp_path / "finding.json")}]
+    calls: list[int] = []
+
+    def fuzz(state):
+        state.stop_reason = stop_reason
+
+    monkeypatch.setattr(atheris_engine, "_fuzz", fuzz)
+    monkeypatch.setattr(atheris_engine, "gather_records", lambda state: found)
+    monkeypatch.setattr(atheris_engine, "minimize_records", lambda state, records, budget: calls.append(len(records)) or 2.5)
+    monkeypatch.setattr(atheris_engine, "build_report", lambda state, records, minimize_s: {"findings": records, "minimize_s": minimize_s})
+    monkeypatch.setattr(atheris_engine, "print_summary", lambda report, out: None)
+    report = run_atheris("installed", device="cpu", max_time=1, seed=0, corpus_dir=tmp_path, out=io.StringIO())
+    assert report["findings"] == found
+    assert (calls, report["minimize_s"]) == (([1], 2.5) if shrunk else ([], 0.0))
+
+
 # ------------------------------------------------------------------ real campaigns
 
 

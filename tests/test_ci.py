@@ -294,7 +294,7 @@ def make_checkout(root: Path) -> Path:
 @needs_vllm
 def test_source_checkout_passes_unchanged_and_fails_at_a_seeded_bug(tmp_path):
     checkout = make_checkout(tmp_path / "vllm-clone")
-    status, out = run_ci(tmp_path / "unchanged", "--vllm", str(checkout), "--baseline", "installed", "--budget", "12")
+    status, out = run_ci(tmp_path / "unchanged", "--vllm", str(checkout), "--baseline", "installed", "--budget", "6")
     assert status == 0, (out / "stdout.txt").read_text()[-3000:]
     assert_reports(out)
     assert "vLLM dev" in (out / "stdout.txt").read_text()  # the checkout runs as itself, not as the installed release
@@ -304,7 +304,7 @@ def test_source_checkout_passes_unchanged_and_fails_at_a_seeded_bug(tmp_path):
     assert VIEW_CALL in text, "the installed vLLM's create_kv_cache_views changed; update the seeded bug"
     views.write_text(text.replace(VIEW_CALL, SEEDED))
     edited = views.read_text().splitlines().index(SEEDED.rstrip("\n")) + 1
-    status, out = run_ci(tmp_path / "seeded", "--vllm", str(checkout), "--baseline", "installed", "--budget", "12")
+    status, out = run_ci(tmp_path / "seeded", "--vllm", str(checkout), "--baseline", "installed", "--budget", "6")
     assert status == 1, (out / "stdout.txt").read_text()[-3000:]
     sarif = assert_reports(out)
     errors = [r for r in sarif["runs"][0]["results"] if r["level"] == "error"]

@@ -367,7 +367,7 @@ def test_ci_locates_a_seeded_change_and_reports_its_lines_executed(tmp_path):
     assert text.count(old) == 1, "the installed vLLM's allocate_kv_cache changed; update the seeded change"
     allocation.write_text(text.replace(old, wrong))
     line = allocation.read_text().splitlines().index(wrong.rstrip("\n")) + 1
-    status, out = run_ci(tmp_path, "--vllm", str(branch), "--baseline", str(base), "--budget", "20", "--report", str(tmp_path / "r.json"))
+    status, out = run_ci(tmp_path, "--vllm", str(branch), "--baseline", str(base), "--budget", "10", "--report", str(tmp_path / "r.json"))
     stdout = (out / "stdout.txt").read_text()
     assert status == 1, stdout[-3000:]
     assert f"allocate_kv_cache: vllm/v1/worker/utils.py:{line}" in stdout

@@ -87,6 +87,16 @@ def test_reach_classes():
     assert refused.kind == "latent"
 
 
+@pytest.mark.parametrize("ratio, kind", [(512, "latent"), (128, "deployment"), (4, "deployment")])
+def test_a_compress_ratio_no_shipped_model_uses_is_latent(ratio, kind):
+    # #5's shipped-backend case: DEEPSEEK_V4_FLASHMLA with compress_ratio 512, a ratio no DeepSeek V4 compressor takes.
+    found = read_finding(FINDINGS / "65db93299de2-257753d4d7ef2742.json")
+    case = dataclasses.replace(found.case, groups=tuple(
+        dataclasses.replace(g, spec=dataclasses.replace(g.spec, compress_ratio=ratio)) for g in found.case.groups))
+    reach = reach_of(case, found.meta, {"DEEPSEEK_V4_FLASHMLA": None})
+    assert reach.kind == kind, reach.why
+
+
 def test_a_kind_without_a_template_says_so():
     zero = read_finding(FINDINGS / "0e0bf1928823-1484f0ae90990517.json")
     with pytest.raises(NoTemplate, match="no exporter for zero-miss"):

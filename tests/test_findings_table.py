@@ -3,6 +3,7 @@
 import importlib.util
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -25,8 +26,51 @@ VERSIONS = ["0.1.0", "0.2.0", "0.2.1", "0.3.0", "0.4.0", "0.5.0"]
 
 def test_findings_md_is_what_the_recorded_replay_generates():
     versions, results = table.load_replay(REPO / "docs" / "findings-replay.json")
+    layouts = table.load_layouts(REPO / "docs" / "findings-replay.json")
     text = table.FINDINGS.read_text()
-    assert table.generate(text, table.linked_files(), results, versions) == text
+    assert set(layouts) == set(versions)
+    assert table.generate(text, table.linked_files(), results, versions, layouts) == text
+
+
+def test_every_replayed_row_has_a_generated_reach_class():
+    versions, results = table.load_replay(REPO / "docs" / "findings-replay.json")
+    reach = table.finding_reach(table.linked_files(), results, table.load_layouts(REPO / "docs" / "findings-replay.json"))
+    assert set(reach) == set(range(1, 30)) - {24}
+    assert set(reach.values()) == {"deployment", "flag", "latent"}
+    # #18 needs the layout override on every release it affects; #10 is a registered dtype only a platform brings.
+    assert (reach[18], reach[10]) == ("flag", "latent")
+
+
+def test_the_reach_class_is_the_nearest_of_the_files_on_the_releases_where_they_fail(tmp_path, monkeypatch):
+    from fuzz.export import reach as reach_module
+
+    kinds = {("a.json", "0.1.0"): "latent", ("a.json", "0.2.0"): "flag", ("b.json", "0.2.0"): "deployment"}
+    monkeypatch.setattr(table, "ROOT", tmp_path)
+    monkeypatch.setattr("fuzz.export.finding.read_finding", lambda path: SimpleNamespace(case=path.name, meta={}))
+    asked = []
+
+    def judged(case, meta, layouts):
+        asked.append((case, layouts["release"]))
+        return reach_module.Reach(kinds[(case, layouts["release"])], "")
+
+    monkeypatch.setattr(reach_module, "reach_of", judged)
+    links = {"a.json": 7, "b.json": 8, "c.json": "candidate"}
+    results = {"a.json": {"0.1.0": Outcome("fails"), "0.2.0": Outcome("fails"), "0.3.0": Outcome("pass")},
+               "b.json": {"0.1.0": Outcome("other"), "0.2.0": Outcome("fails")},
+               "c.json": {"0.1.0": Outcome("fails")}}
+    layouts = {v: {"release": v} for v in ("0.1.0", "0.2.0", "0.3.0")}
+    assert table.finding_reach(links, results, layouts) == {7: "flag", 8: "deployment"}
+    assert sorted(asked) == [("a.json", "0.1.0"), ("a.json", "0.2.0"), ("b.json", "0.2.0")]  # only where a file fails
+
+
+def test_the_reach_cell_keeps_its_hand_written_route():
+    row = "| 5 | a bug | 0.29.0 - 0.34.0 | not fixed | latent; the 0.32+ crash with shipped backends |"
+    assert table.rewrite_row(row, Columns("0.29.0 - 0.34.0", "not fixed", "flag")) == (
+        "| 5 | a bug | 0.29.0 - 0.34.0 | not fixed | flag; the 0.32+ crash with shipped backends |")
+    bare = "| 6 | a bug | 0.20.0 | 0.21.0 | shipped backends (CPU_MLA) |"
+    assert table.rewrite_row(bare, Columns("0.20.0", "0.21.0", "deployment")) == (
+        "| 6 | a bug | 0.20.0 | 0.21.0 | deployment: shipped backends (CPU_MLA) |")
+    assert table.rewrite_row(bare, Columns("0.20.0", "0.21.0")) == bare  # no class generated: the cell stays
 
 
 def test_every_corpus_file_is_replayed_and_every_numbered_finding_but_24_has_a_case():

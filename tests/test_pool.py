@@ -58,10 +58,10 @@ def test_each_failure_is_a_finding_and_the_worker_comes_back(hostile_pool, actio
 @pytest.mark.slow
 def test_campaign_against_a_hostile_target_keeps_every_finding(hostile_pool, tmp_path):
     corpus_dir = tmp_path / "corpus"
-    seed = seed_meeting(hostile_pool.info, ("segfault", "hang", "memory"), 300)
-    options = CampaignOptions(device="cpu", max_time=300, max_cases=300, seed=seed, corpus_dir=corpus_dir, shrink_seconds=3.0)
+    seed, cases = seed_meeting(hostile_pool.info, ("segfault", "hang", "memory"), 300)
+    options = CampaignOptions(device="cpu", max_time=300, max_cases=cases, seed=seed, corpus_dir=corpus_dir, shrink_seconds=3.0)
     report = Campaign(hostile_pool, options).run()
-    assert report.cases == 300
+    assert report.cases == cases
     kinds = {r.finding.kind for r in report.findings}
     assert {"crash-signal", "hang", "oom"} <= kinds, kinds
     for record in report.findings:

@@ -147,10 +147,10 @@ def test_a_target_that_kills_its_process_on_a_node_is_recorded_as_on_one_machine
     pytest.importorskip("vllm")
     checkout = make_hostile_checkout(tmp_path / "hostile")
     with open_pool(cluster, str(checkout), case_timeout=2.0, max_memory=256 << 20) as pool:
-        seed = seed_meeting(pool.info, ("segfault", "hang", "memory"), 300)
-        report = Campaign(pool, options(tmp_path, 300, seed=seed)).run()
+        seed, cases = seed_meeting(pool.info, ("segfault", "hang", "memory"), 300)
+        report = Campaign(pool, options(tmp_path, cases, seed=seed)).run()
         reruns = pool.reruns
-    assert report.cases == 300
+    assert report.cases == cases
     kinds = {r.finding.kind for r in report.findings}
     assert {"crash-signal", "hang", "oom"} <= kinds, kinds
     assert report.restarts >= 2 and reruns == 0, "the workers died, not the actors"

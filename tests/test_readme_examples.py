@@ -137,17 +137,24 @@ def runnable(command: str) -> str | None:
     return None
 
 
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    """A maintainer's clone: the installed vLLM laid out as one. One for every command that names it, so the second
+    command finds the first one's bytecode and target standby, as a maintainer's second run does."""
+    return checkout_of_installed(tmp_path_factory.mktemp("clone") / "vllm")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS)
-def test_readme_command_runs(command, tmp_path):
+def test_readme_command_runs(command, tmp_path, request):
     reason = runnable(command)
     if reason:
         pytest.skip(reason)
     (tmp_path / "corpus").symlink_to(REPO / "corpus")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
     argv = argv_of(command)
-    if CHECKOUT in argv:  # a maintainer's clone: the installed vLLM laid out as one
-        argv[argv.index(CHECKOUT)] = str(checkout_of_installed(tmp_path / "vllm"))
+    if CHECKOUT in argv:
+        argv[argv.index(CHECKOUT)] = str(request.getfixturevalue("checkout"))
     if argv[0] == "run" and "--corpus" not in argv:
         argv += ["--corpus", str(tmp_path / "findings")]  # README's runs write to corpus/findings: not the repository's
     process = subprocess.Popen([sys.executable, "-m", "fuzz.cli", *argv], cwd=tmp_path, env=env, stdout=subprocess.PIPE,

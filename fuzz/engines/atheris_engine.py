@@ -15,8 +15,9 @@ pure function of bytes and the target's declarations, as `draw_indexed` is of se
 the default engine), records a crash-signal / hang / oom finding, moves the input out of
 libFuzzer's corpus and starts a new child for the time left (`fuzz.engines.libfuzzer` reads the
 exit, the log's coverage and the artifacts). New findings are minimized after fuzzing, in a
-plain (uninstrumented) worker of `fuzz.campaign.pool.Pool`, and the report is the default engine's plus
-coverage, startup and instrumentation.
+plain (uninstrumented) worker of `fuzz.campaign.pool.Pool`, unless SIGINT stopped the run (as the default engine, it
+stops at once: the findings are on disk as found, and `kvfuzz minimize` shrinks one later), and the report is the
+default engine's plus coverage, startup and instrumentation.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def run_atheris(source: TargetSource | str, *, device: str, max_time: float, see
     engine, coverage, startup_s, minimize_s, instrumented) and prints a summary to `out`.
 
     max_memory: MiB a child may grow by after its import (libFuzzer -rss_limit_mb).
-    minimize_time: seconds for shrinking this run's new findings afterwards (0: keep them raw).
+    minimize_time: seconds for shrinking this run's new findings afterwards (0: keep them raw; so does SIGINT).
     work_dir: keeps libFuzzer's input corpus (and logs) there, so a later run resumes its coverage.
     seed_inputs: random inputs (from `seed`) an empty input corpus starts from. From empty input
       libFuzzer first grows short inputs, which draw the simplest cases; random ones reach deep
@@ -101,7 +102,8 @@ def run_atheris(source: TargetSource | str, *, device: str, max_time: float, see
     try:
         _fuzz(state)
         records = gather_records(state)
-        minimize_s = minimize_records(state, records, minimize_time) if records and minimize_time > 0 else 0.0
+        shrink = records and minimize_time > 0 and state.stop_reason != "SIGINT"
+        minimize_s = minimize_records(state, records, minimize_time) if shrink else 0.0
         report = build_report(state, records, minimize_s)
     finally:
         if work_dir is None:

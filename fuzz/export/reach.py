@@ -21,6 +21,12 @@ from dataclasses import dataclass
 from fuzz.case import LAYOUT_EQUIVALENTS, Case
 
 REACH_CLASSES = ("deployment", "flag", "latent")
+# The compress ratios a model vLLM ships builds its compressed caches with: DeepSeek V4's compressor asserts 4 or 128
+# (vllm/models/deepseek_v4/compressor.py, 0.22 - 0.28), V4.1's takes 1 or 2 (vllm/models/deepseek_v41/compressor.py,
+# 0.32+); sparse_swa.py sizes its caches for 2, 4 and 128 only. Another ratio comes from no model's configuration.
+MODEL_COMPRESS_RATIOS = frozenset({1, 2, 4, 128})
+# Compressed, sliding-window and page-aligned (`alignment`) MLA layers are DeepSeek V4's (and V4.1's) own: only
+# vllm/models/deepseek_v4*/ and backends/mla/sparse_swa.py build such specs, and those models have no Mamba layers.
 DEFAULT_LAYOUT = "LBNHC"
 LEGACY_DEFAULT_LAYOUT = "NHD"
 
@@ -59,6 +65,20 @@ def resolved_layout(declared: list[tuple[str, ...] | None], legacy: bool) -> tup
     return first, common
 
 
+def _unmatched_mamba_padding(case: Case) -> str | None:
+    """Why a Mamba page of the case is padded as no model's is, or None. vLLM pads a hybrid model's Mamba page up to
+    its attention page, so that every group's pages are one size (HybridAttentionMambaModelConfig, 0.20+); a model
+    without attention layers gets no padding."""
+    from oracles.pages import page
+
+    attention = {page(spec).page_bytes for g in case.groups for spec in g.layer_specs if spec.kind != "mamba"}
+    for spec in (spec for g in case.groups for spec in g.layer_specs if spec.kind == "mamba"):
+        if spec.page_size_padded is not None and spec.page_size_padded not in attention:
+            pads = f"up to its attention page ({', '.join(map(str, sorted(attention)))} bytes)" if attention else "not at all without attention"
+            return f"vLLM pads a model's Mamba page {pads}; this case pads it to {spec.page_size_padded} bytes"
+    return None
+
+
 def reach_of(case: Case, meta: Mapping[str, object], backend_layouts: Mapping[str, tuple[str, ...] | None] | None) -> Reach:
     """The finding's reach. `backend_layouts`: each shipped backend's declared layouts as the release reports them
     (None where it declares none); None when no release was asked, in which case undeclared is assumed."""
@@ -66,6 +86,18 @@ def reach_of(case: Case, meta: Mapping[str, object], backend_layouts: Mapping[st
     if any(spec.registered_cache_dtype for g in case.groups for spec in g.layer_specs):
         return Reach("latent", "no platform vLLM ships registers a cache dtype with this mode: only an out-of-tree platform's "
                                "dtype handler (register_kv_cache_dtype) reaches it", settings=settings)
+    ratios = sorted({spec.compress_ratio for g in case.groups for spec in g.layer_specs} - MODEL_COMPRESS_RATIOS)
+    if ratios:
+        return Reach("latent", f"no model vLLM ships compresses its cache by {', '.join(map(str, ratios))} (DeepSeek V4 and "
+                               f"V4.1 use {', '.join(map(str, sorted(MODEL_COMPRESS_RATIOS)))})", settings=settings)
+    specs = [spec for g in case.groups for spec in g.layer_specs]
+    deepseek_v4 = [s for s in specs if s.kind == "sliding_window_mla" or s.compress_ratio > 1 or (s.is_mla and s.alignment)]
+    if deepseek_v4 and any(s.kind == "mamba" for s in specs):
+        return Reach("latent", "no model vLLM ships has both DeepSeek V4's compressed, sliding-window or page-aligned MLA "
+                               "layers and Mamba layers", settings=settings)
+    padding = _unmatched_mamba_padding(case)
+    if padding is not None:
+        return Reach("latent", padding, settings=settings)
     if case.is_latent:
         backends = ", ".join(g.synthetic_backend.name for g in case.groups if g.synthetic_backend is not None)
         return Reach("latent", f"only a synthetic backend ({backends}) reaches it: no shipped backend declares this configuration",
