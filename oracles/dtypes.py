@@ -101,6 +101,12 @@ def _turboquant(key_bits: int, value_bits: int) -> Callable[[Geometry], int | No
     return content
 
 
+def _turboquant_source(preset: str, key_bits: int, value_bits: int) -> str:
+    keys = "fp8 keys (a byte per dim)" if key_bits == 8 else f"{key_bits}-bit keys plus a 2-byte norm"
+    values = f"{value_bits}-bit values plus a 2-byte scale and zero point"
+    return f"TurboQuant preset {preset}: per token and head, {keys}, then {values}, rounded up to an even size"
+
+
 def _ultraquant(g: Geometry) -> int | None:
     # v1/attention/ops/ultraquant/format.py: per (token, head), K codes (FP4, 2 per byte), one
     # UE8M0 scale byte per 32-element group, then the same for V.
@@ -164,13 +170,13 @@ DEFINITIONS: dict[str, Definition] = {d.name: d for d in (
                head_multiple=16),
     Definition("nvfp4_4over6", ("nvfp4",), _nvfp4, "the NVFP4 layout (max/6 or max/4 scale choice)", packed_bits=4, scales=True,
                head_multiple=16),
-    Definition("turboquant_k8v4", ("turboquant_k8v4", "turboquant"), _turboquant(8, 4), "TurboQuant preset k8v4", packed_bits=4, scales=True,
-               kv_alike=False),
-    Definition("turboquant_4bit_nc", ("turboquant_4bit_nc", "turboquant"), _turboquant(4, 4), "TurboQuant preset 4bit_nc",
+    Definition("turboquant_k8v4", ("turboquant_k8v4", "turboquant"), _turboquant(8, 4), _turboquant_source("k8v4", 8, 4),
                packed_bits=4, scales=True, kv_alike=False),
-    Definition("turboquant_k3v4_nc", ("turboquant_k3v4_nc", "turboquant"), _turboquant(3, 4), "TurboQuant preset k3v4_nc",
+    Definition("turboquant_4bit_nc", ("turboquant_4bit_nc", "turboquant"), _turboquant(4, 4), _turboquant_source("4bit_nc", 4, 4),
+               packed_bits=4, scales=True, kv_alike=False),
+    Definition("turboquant_k3v4_nc", ("turboquant_k3v4_nc", "turboquant"), _turboquant(3, 4), _turboquant_source("k3v4_nc", 3, 4),
                packed_bits=3, scales=True, kv_alike=False),
-    Definition("turboquant_3bit_nc", ("turboquant_3bit_nc", "turboquant"), _turboquant(3, 3), "TurboQuant preset 3bit_nc",
+    Definition("turboquant_3bit_nc", ("turboquant_3bit_nc", "turboquant"), _turboquant(3, 3), _turboquant_source("3bit_nc", 3, 3),
                packed_bits=3, scales=True, kv_alike=False),
     Definition("ultraquant_4bit", ("ultraquant_4bit",), _ultraquant, "UltraQuant FP4 codes with UE8M0 group scales", packed_bits=4, scales=True,
                head_multiple=32, kv_alike=False),

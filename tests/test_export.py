@@ -29,7 +29,7 @@ CASES = {10: "d12a95e7e436-8b1b57b9bc44668c", 18: "047a3fda9528-b920c268ecdc4248
 LAYOUTS_034 = {"CPU_ATTN": ("LBHNC",), "ROCM_SEGMENTED_ATTN": ("LHBNC", "LBHNC"), "CPU_MLA": None}
 ALLOWED_IMPORTS = {"copy", "dataclasses", "importlib", "inspect", "sys", "types", "pytest", "torch", "vllm"}
 # How many of the shipped corpus's findings `kvfuzz export corpus` writes a module for (at least).
-EXPORTED_AT_LEAST = 54
+EXPORTED_AT_LEAST = 67
 
 
 def finding(number: int):
@@ -95,6 +95,27 @@ def test_a_compress_ratio_no_shipped_model_uses_is_latent(ratio, kind):
         dataclasses.replace(g, spec=dataclasses.replace(g.spec, compress_ratio=ratio)) for g in found.case.groups))
     reach = reach_of(case, found.meta, {"DEEPSEEK_V4_FLASHMLA": None})
     assert reach.kind == kind, reach.why
+
+
+def test_a_spec_page_module_expects_the_page_the_cache_dtype_stores():
+    # #22: an int4_per_token_head sliding-window layer, 16 tokens of one KV head of size 16. Per token, K and V take
+    # 16 int4 values each (8 bytes), plus one fp32 scale per side: 8 + 8 + 4 + 4 = 24 bytes; 16 tokens: 384.
+    found = read_finding(FINDINGS / "85b8aab0afe1-1f2526231008618d.json")
+    source = export(found, None).source
+    assert "EXPECTED_PAGE_BYTES = 384" in source
+    assert 'kv_quant_mode=get_kv_quant_mode("int4_per_token_head")' in source
+    assert 'if "INT4_PER_TOKEN_HEAD" not in KVQuantMode.__members__:' in source
+    assert "import types" not in source  # a comment naming oracles/dtypes.py is no use of the types module
+
+
+def test_a_block_copy_module_expects_each_layers_block_bytes_moved():
+    # #23: ROCM_ATTN's K/V-first NHD cache, 2 blocks of 16 tokens x 1 head x 2 bfloat16: a block's K (or V) is
+    # 16 * 2 * 2 = 64 bytes, K of both blocks first (128 bytes), then V. Block 1 owns [64, 128) and [192, 256).
+    found = read_finding(FINDINGS / "c9eda79b51f9-2bb864d6f8cdd633.json")
+    source = export(found, None).source
+    assert "SRC, DST = 0, 1" in source
+    assert '"blocks": {0: [(0, 64), (128, 192)], 1: [(64, 128), (192, 256)]}' in source
+    assert "copy_kv_cache_blocks_inplace([view for view in kv_caches.values()" in source
 
 
 def test_a_kind_without_a_template_says_so():

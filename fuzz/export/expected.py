@@ -96,9 +96,9 @@ def _checked_blocks(num_blocks: int) -> list[int]:
     return [*range(MAX_BLOCKS - 1), num_blocks - 1]
 
 
-def expected_literal(finding: FindingFile) -> str:
+def expected_literal(finding: FindingFile, blocks: list[int] | None = None) -> str:
     """`EXPECTED = {...}`: per contract, every layer's tensors as the oracle says vLLM must build them (NoTemplate where
-    it cannot say)."""
+    it cannot say). `blocks`: the blocks whose bytes it spells out (None: the first ones and the last)."""
     names = layer_names(finding.case)
     lines = ["# What the views must be (kvfuzz's oracle for this case), under each contract: per layer, its tensors; per",
              "# tensor, its shape and dtype, the block axis and (count, spacing) of a block's kernel blocks along it, byte",
@@ -117,16 +117,16 @@ def expected_literal(finding: FindingFile) -> str:
                                  "(it could not run the case)")
             lines.append(f'        "{names[case_name]}": [')
             for view in layer.views:
-                lines += _view_lines(view, finding.case.num_blocks)
+                lines += _view_lines(view, _checked_blocks(finding.case.num_blocks) if blocks is None else blocks)
             lines.append("        ],")
         lines.append("    },")
     lines.append("}")
     return "\n".join(lines)
 
 
-def _view_lines(view: ViewExpectation, num_blocks: int) -> list[str]:
+def _view_lines(view: ViewExpectation, checked: list[int]) -> list[str]:
     blocks = {}
-    for block in _checked_blocks(num_blocks):
+    for block in checked:
         owned = _byte_runs(view, block)
         if len(owned) > MAX_RUNS:
             raise NoTemplate(f"block {block} of a view is {len(owned)} byte runs: too scattered for a readable test")

@@ -47,6 +47,7 @@ WHERE: dict[str, tuple[str, ...]] = {
     "add_kv_sharing_layers_to_kv_cache_groups": (WORKER_UTILS,),
     "allocate_kv_cache": (WORKER_UTILS,),
     "customize_attention_spec": (WORKER_UTILS,),
+    "copy_kv_cache_blocks_inplace": (WORKER_UTILS,),
     "map_kv_caches_to_kernel_blocks": (WORKER_UTILS,),
     "prepare_kernel_block_sizes": (WORKER_UTILS,),
     "OffloadingConnectorWorker": ("vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker",),
@@ -54,8 +55,9 @@ WHERE: dict[str, tuple[str, ...]] = {
 
 # Names older releases lack, with the definition the test falls back to there.
 SHIMS: dict[str, list[str]] = {
-    "customize_attention_spec": ["    def customize_attention_spec(backend, spec):  # vLLM 0.29: backends customize their own spec",
-                                 "        return backend.customize_spec(spec)"],
+    "customize_attention_spec": ["    def customize_attention_spec(backend, spec):  # before 0.29: the backend's own (0.28), or none",
+                                 "        customize = getattr(backend, \"customize_spec\", None)",
+                                 "        return spec if customize is None else customize(spec)"],
 }
 # Names only some releases have: the test skips (with this reason) where the name is missing.
 OPTIONAL: dict[str, str] = {
@@ -70,6 +72,7 @@ OPTIONAL: dict[str, str] = {
     "SlidingWindowMLASpec": "SlidingWindowMLASpec (vLLM 0.20+)",
     "KVQuantMode": "the KV-cache quant modes (vLLM 0.20+)",
     "get_kv_quant_mode": "the KV-cache quant modes (vLLM 0.20+)",
+    "copy_kv_cache_blocks_inplace": "the KV-cache block copy (vLLM 0.26+)",
 }
 # Names only some releases have, None elsewhere: the test runs that step only where the release has it.
 NONE_WHERE_MISSING: dict[str, str] = {

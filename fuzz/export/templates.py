@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fuzz.export import connector, kernel_write, placed_views, quant_mode, shaped_views
+from fuzz.export import block_copy, connector, kernel_write, placed_views, quant_mode, shaped_views, spec_page
 from fuzz.export.code import Module, NoTemplate
 from fuzz.export.expected import INVALID_KINDS, VALID_KINDS
 from fuzz.export.finding import FindingFile
@@ -18,8 +19,10 @@ Template = Callable[[FindingFile, "Reach | None"], Module]
 # (kinds, function) -> template; the first match wins.
 TEMPLATES: tuple[tuple[tuple[str, ...], str, Template], ...] = (
     (("spec-mismatch",), "get_kv_quant_mode", quant_mode.quant_mode_test),
+    (("spec-mismatch",), "kv_cache_spec", spec_page.spec_page_test),
     (connector.KINDS, "register_kv_caches", connector.connector_test),
     (kernel_write.KINDS, "do_kv_cache_update", kernel_write.kernel_write_test),
+    (block_copy.KINDS, "copy_kv_cache_blocks_inplace", block_copy.block_copy_test),
 )
 # The functions of the view path (and the planner ahead of it), where a finding's test checks the views or the refusal.
 VIEW_FUNCTIONS = ("reshape", "_reshape_kv_cache", "_reshape_attention_kv_cache", "_update_hybrid_attention_layout",
@@ -59,7 +62,7 @@ def export(finding: FindingFile, reach: Reach | None) -> Exported:
     module = template_for(finding)(finding, reach)
     head, *rest = module.parts
     body = "\n".join(rest)
-    stdlib = tuple(name for name in ("copy", "dataclasses", "importlib", "inspect", "sys", "types") if f"{name}." in body)
+    stdlib = tuple(name for name in ("copy", "dataclasses", "importlib", "inspect", "sys", "types") if re.search(rf"(?<![\w.]){name}\.", body))
     source = "\n\n".join([head, import_block(module.names, stdlib), *rest[:1]]) + "\n\n\n" + "\n\n\n".join(rest[1:]) + "\n"
     ast.parse(source)  # a template that writes broken Python is kvfuzz's bug: fail here, not in a maintainer's suite
     return Exported(finding, source, module.title)

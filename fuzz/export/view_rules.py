@@ -65,9 +65,10 @@ def hoisted_backends(body: str) -> tuple[str, str]:
             "".join(line for i, line in enumerate(lines) if i not in lookups))
 
 
-def add_check(module: Module, finding: FindingFile, name: str, body: str, probe: str) -> None:
-    """The test function: `body` (the walk, indented) under the finding kind's rule and check, on releases whose
-    contract (told by `probe`, a module-level `release_contract()`) is one the rule and EXPECTED are written for."""
+def add_gated(module: Module, finding: FindingFile, name: str, body: str, probe: str) -> str:
+    """CONTRACTS and the release probe, then the test function `name`: `body` (indented) on releases whose contract
+    (told by `probe`, a module-level `release_contract()`) is one the finding's rule and EXPECTED are written for.
+    Returns the gate's lines, for a template that writes the function itself."""
     names = contracts(finding)
     module.add("# The kvfuzz contracts the rule below holds under (that of each release the finding affects, and the next\n"
                "# one where kvfuzz's oracle judges the case alike); a release that follows another contract skips.\n"
@@ -75,6 +76,15 @@ def add_check(module: Module, finding: FindingFile, name: str, body: str, probe:
                + textwrap.dedent(probe).strip("\n"))
     gate = ("    if release_contract() not in CONTRACTS:\n"
             "        pytest.skip(f\"this vLLM follows kvfuzz's contract {release_contract()}, not one of {CONTRACTS}\")\n")
+    if body:
+        module.add(f"def {name}(vllm_config, monkeypatch):\n{gate}{body}")
+    return gate
+
+
+def add_check(module: Module, finding: FindingFile, name: str, body: str, probe: str) -> None:
+    """The test function: `body` (the walk, indented) under the finding kind's rule and check, on releases whose
+    contract is one the rule and EXPECTED are written for (add_gated)."""
+    gate = add_gated(module, finding, name, "", probe)
     if finding.kind in INVALID_KINDS:
         rule = comment(REFUSAL_RULE.format(reason=reject_reason(finding).rstrip(".")))
         backends, rest = hoisted_backends(body)
