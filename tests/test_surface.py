@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import os
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -144,6 +146,42 @@ def test_a_case_that_kills_the_tracing_process_is_skipped(tmp_path: Path, monkey
     measured = coverage.measure(None, tmp_path, functions, 10, tmp_path, max_cases=20)  # type: ignore[arg-type]
     assert seen == [[9]]
     assert (measured.cases, measured.crashed, measured.error, measured.calls, measured.lines) == (20, [9], None, {0: 4}, {0: {1, 2}})
+
+
+def killing_trace(out: Path, kills: set[int], cases: int = 8):
+    """A tracing child's loop over `cases` cases, as fuzz.surface.coverage runs it: it writes the index it runs, and
+    the cases in `kills` kill the process, as a zeroer that corrupted the heap does."""
+
+    def trace() -> None:
+        progress = coverage.Progress.read(out)
+        running = os.open(f"{out}.at", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        while progress.index < cases:
+            index = progress.index
+            if index not in progress.crashed:
+                os.pwrite(running, b"%20d" % index, 0)
+                if index in kills:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                progress.cases += 1
+            progress.index = index + 1
+            progress.write(out)
+
+    return trace
+
+
+def test_a_case_that_kills_a_tracing_child_is_skipped_by_the_next_child(tmp_path: Path) -> None:
+    out = tmp_path / "covered.json"
+    coverage.Progress().write(out)
+    assert coverage.in_children(out, killing_trace(out, {3, 5})) == 0
+    progress = coverage.Progress.read(out)
+    assert (progress.cases, progress.index, progress.crashed) == (6, 8, [3, 5])
+
+
+def test_tracing_gives_up_after_too_many_killing_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(coverage, "MAX_CRASHES", 1)
+    out = tmp_path / "covered.json"
+    coverage.Progress().write(out)
+    assert coverage.in_children(out, killing_trace(out, {3, 5})) == coverage.GAVE_UP
+    assert coverage.Progress.read(out).crashed == [3]
 
 
 def test_tracer_follows_only_the_surface(tmp_path: Path) -> None:

@@ -10,9 +10,11 @@ event, so the rest of vLLM and kvfuzz run untraced.
 
 A consumer whose kernel writes outside its buffers (the zeroer under Triton's interpreter writes
 host memory) can corrupt the process's heap: the process then dies or hangs, on that case or a
-later one. So the process writes what it reached after every case and the index of the case it is
-running before it, and gives up on a case that runs past CASE_LIMIT_S; a new process then goes on
-after the last case written, without the case the old one ended on (`Coverage.crashed`).
+later one. So the process loads the target once and traces the cases in a forked child, which writes
+what it reached after every case and the index of the case it is running before it, and gives up on
+a case that runs past CASE_LIMIT_S; when a child dies, the process forks a new one from the loaded
+target (no new import), which goes on after the last case written, without the case the old one ended
+on (`Coverage.crashed`). Should the process itself die, `measure` starts a new one the same way.
 
 A function's lines are those its code objects (nested functions, lambdas and comprehensions
 included) map bytecode to, compiled here from the file by this Python: the lines a line event can
@@ -28,7 +30,7 @@ import subprocess
 import sys
 import time
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ from fuzz.targets.releases import TargetSource, worker_environment
 CASE_LIMIT_S = 30.0  # one case; the slowest (a zeroer under Triton's interpreter on a large cache) take a few seconds
 START_MARGIN_S = 300.0  # importing vLLM and probing the target, on a busy machine
 MAX_CRASHES = 20  # cases that end the tracing process before the measurement stops there
+GAVE_UP = 3  # the tracing process's exit status when MAX_CRASHES cases have killed its children
 
 
 @dataclass
@@ -132,6 +135,9 @@ def measure(source: TargetSource, root: Path, functions: Sequence[Function], sec
             raise TargetError(f"--vllm {source.spec}: the tracing process failed before any case ran: {(lines or ['no output'])[-1][:300]}")
         if returncode == 0:
             break
+        if returncode == GAVE_UP:
+            error = f"gave up after {MAX_CRASHES} cases killed the tracing process"
+            break
         error = "the tracing process was killed" if returncode is None else f"the tracing process exited {returncode}"
         progress, crashed = Progress.read(out), _running(out)
         if returncode is None or crashed is None or crashed in progress.crashed or crashed < progress.index:
@@ -206,20 +212,55 @@ class Tracer:
 def main(config_path: str, out_path: str) -> None:
     import vllm
 
-    from fuzz.space import for_run
     from fuzz.targets import load_local
-    from fuzz.verdict.runner import run_case
 
     config = json.loads(Path(config_path).read_text())
     out = Path(out_path)
-    progress = Progress.read(out) if out.exists() else Progress()
+    if not out.exists():
+        Progress().write(out)
     target = load_local()
-    tracer = Tracer(Path(vllm.__file__).resolve().parent.parent, config["functions"])
+    root = Path(vllm.__file__).resolve().parent.parent
+    sys.exit(in_children(out, lambda: _trace_cases(target, root, config, out)))
+
+
+def in_children(out: Path, trace: Callable[[], None]) -> int:
+    """Runs `trace` in forked children until one returns: after a child a case killed (the index it wrote to
+    `out`.at), the case joins the crashed ones and the next child goes on without it. Returns the process's exit
+    status: 0 when a child finished, GAVE_UP after MAX_CRASHES such cases, 1 when a child died otherwise."""
+    while True:
+        Path(f"{out}.at").unlink(missing_ok=True)
+        child = os.fork()
+        if child == 0:
+            status = 1
+            try:
+                trace()
+                status = 0
+            finally:
+                os._exit(status)
+        _, wait_status = os.waitpid(child, 0)
+        if os.waitstatus_to_exitcode(wait_status) == 0:
+            return 0
+        progress, crashed = Progress.read(out), _running(out)
+        if crashed is None or crashed in progress.crashed or crashed < progress.index:
+            return 1  # not a case that killed it: `measure` says how the process ended
+        if len(progress.crashed) >= MAX_CRASHES:
+            return GAVE_UP
+        progress.crashed.append(crashed)
+        progress.write(out)
+
+
+def _trace_cases(target: Any, root: Path, config: dict[str, Any], out: Path) -> None:
+    """Run the campaign's cases from where `out` says the last child stopped, tracing the surface functions."""
+    from fuzz.space import for_run
+    from fuzz.verdict.runner import run_case
+
+    progress = Progress.read(out)
+    tracer = Tracer(root, config["functions"])
     tracer.calls, tracer.lines = progress.calls, progress.lines
     kernel = config["probe"] == "kernel"
     probe: bool | str = "kernel" if kernel else False
     skip = set(progress.crashed)
-    running = os.open(f"{out_path}.at", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    running = os.open(f"{out}.at", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     started = time.monotonic()
     resumed_s = progress.ran_s
 
@@ -227,7 +268,6 @@ def main(config_path: str, out_path: str) -> None:
         progress.ran_s = resumed_s + time.monotonic() - started
         progress.write(out)
 
-    flush()
     deadline = started + config["seconds"] - resumed_s
     sys.settrace(tracer.call)
     try:
