@@ -29,7 +29,7 @@ CASES = {10: "d12a95e7e436-8b1b57b9bc44668c", 18: "047a3fda9528-b920c268ecdc4248
 LAYOUTS_034 = {"CPU_ATTN": ("LBHNC",), "ROCM_SEGMENTED_ATTN": ("LHBNC", "LBHNC"), "CPU_MLA": None}
 ALLOWED_IMPORTS = {"copy", "dataclasses", "importlib", "inspect", "sys", "types", "pytest", "torch", "vllm"}
 # How many of the shipped corpus's findings `kvfuzz export corpus` writes a module for (at least).
-EXPORTED_AT_LEAST = 67
+EXPORTED_AT_LEAST = 71
 
 
 def finding(number: int):
@@ -233,8 +233,8 @@ def test_view_modules_carry_the_rule_the_expectation_and_the_contracts():
 
 
 def test_view_exporter_names_what_it_cannot_write():
-    with pytest.raises(NoTemplate, match="KV-sharing layers"):
-        view_module("7cd52a70140c-afaa306cc653f16e")
+    with pytest.raises(NoTemplate, match="several KV-cache groups"):
+        view_module("52361917d8b1-82f82cf2ebd6c986")  # #28: a 0.29+ model of two groups
     # A shipped backend's declared cache shape (vLLM <= 0.28) comes from its release: without one, no expectation.
     found = read_finding(FINDINGS / "ca0f737b67c6-8abd1e5d56c29dc4.json")
     unasked = dataclasses.replace(found, meta={key: value for key, value in found.meta.items() if key != DECLARED})
@@ -244,12 +244,12 @@ def test_view_exporter_names_what_it_cannot_write():
 
 def test_declared_shapes_come_from_the_release_of_each_contract():
     """Finding 2 on ROCM_ATTN affects 0.21 - 0.26: its file keeps what the newest affected release of each contract
-    declared, and the expectation under a contract is laid out from that contract's declaration (else the nearest
-    older one's)."""
+    declared, and the first release of the next contract (0.27.0, where a fix would show), and the expectation under a
+    contract is laid out from that contract's declaration (else the nearest older one's)."""
     found = read_finding(FINDINGS / "ca0f737b67c6-8abd1e5d56c29dc4.json")
     assert needs_declarations(found) and not missing(found)
-    assert releases_to_ask(found) == ["0.21.0", "0.22.1", "0.23.0", "0.26.0"]
-    assert sorted(found.meta[DECLARED]) == ["0.21.0", "0.22.1", "0.23.0", "0.26.0"]
+    assert releases_to_ask(found) == ["0.21.0", "0.22.1", "0.23.0", "0.26.0", "0.27.0"]
+    assert sorted(found.meta[DECLARED]) == ["0.21.0", "0.22.1", "0.23.0", "0.26.0", "0.27.0"]
     # Two releases that declared differently (made up: the recorded ones agree).
     older, newer = [[2, "B", "T", 1, 16], [0, 1, 2, 3, 4]], [["B", 2, "T", 1, 16], [1, 0, 2, 3, 4]]
     told = dataclasses.replace(found, meta={**found.meta, DECLARED: {"0.21.0": [older, None], "0.26.0": [newer, None]}})
@@ -259,6 +259,13 @@ def test_declared_shapes_come_from_the_release_of_each_contract():
     assert declared_case(told, "shaped-0.20").groups[0].declared_shape == (2, "B", "T", 1, 16)  # none older: the oldest
     assert declared_case(told, "shaped-0.24").groups[1].declared_shape is None  # the Mamba group declares nothing
     assert "EXPECTED = {" in export(found, None).source
+    # The next contract is checked only with its own release's declaration: a backend's declared shape changes between
+    # contracts (TRITON_ATTN_DIFFKV's did from 0.25 to 0.27), so an older one would expect views no release builds.
+    from fuzz.export.expected import contracts
+
+    assert contracts(found)[-1] == "shaped-0.27"
+    older_only = dataclasses.replace(found, meta={**found.meta, DECLARED: {k: v for k, v in found.meta[DECLARED].items() if k != "0.27.0"}})
+    assert "shaped-0.27" not in contracts(older_only)
 
 
 # One release per contract the exported view modules tell apart, and the newest: on each, every module `kvfuzz export

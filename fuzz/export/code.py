@@ -15,6 +15,8 @@ SPEC_CLASSES = {"full": "FullAttentionSpec", "mla": "MLAAttentionSpec", "sliding
                 "sliding_window_mla": "SlidingWindowMLASpec", "chunked_local": "ChunkedLocalAttentionSpec",
                 "sink": "SinkFullAttentionSpec", "cross": "CrossAttentionSpec", "mamba": "MambaSpec"}
 MLA_KINDS = ("mla", "sliding_window_mla")
+# Cache dtypes whose cache holds plain elements of the model's (or the named) dtype: no quant mode to carry.
+PLAIN_CACHE_DTYPES = ("auto", "float16", "bfloat16")
 # Case fields an exported spec carries as vLLM's constructor arguments of the same name, with their defaults.
 CARRIED_DEFAULTS = {"head_size_v": None, "sliding_window": None, "attention_chunk_size": None, "sink_len": None,
                     "page_size_padded": None, "alignment": None, "model_version": None}
@@ -57,7 +59,7 @@ def spec_call(spec: SpecCase, num_kv_heads: int | None = None, placed: bool = Tr
     if cls is None:
         raise NoTemplate(f"no exporter builds {spec.kind} specs yet")
     unusual = [name for name, default in PLAIN_DEFAULTS.items() if getattr(spec, name) != default]
-    quantized = spec.kind not in MLA_KINDS and spec.cache_dtype != "auto"
+    quantized = spec.kind not in MLA_KINDS and spec.cache_dtype not in PLAIN_CACHE_DTYPES
     if unusual or (spec.kv_quant_mode != "none" and not quantized) or spec.registered_cache_dtype:
         raise NoTemplate(f"no exporter carries spec field(s) {', '.join(unusual) or 'kv_quant_mode'} yet")
     if spec.kind == "mamba":

@@ -35,11 +35,32 @@ def _asks(group: GroupCase) -> bool:
 
 
 def releases_to_ask(finding: FindingFile) -> list[str]:
-    """The newest release of each contract the finding affects: one answer per contract its test checks."""
+    """The newest release of each contract the finding affects, and the first release of the next contract of the same
+    family (where a fix would show): one answer per contract its test checks."""
     newest: dict[str | None, str] = {}
     for release in finding.affected:
         newest[contract_of(release)] = release
+    following = next_contract(finding)
+    if following is not None:
+        newest[following] = next(first for first, name in RELEASE_CONTRACTS if name == following)
     return sorted(newest.values(), key=version_key)
+
+
+def next_contract(finding: FindingFile) -> str | None:
+    """The contract after the last one the finding affects, where it is of the same family (shaped-*, placed-*)."""
+    names = [name for _, name in RELEASE_CONTRACTS]
+    last = contract_of(finding.affected[-1]) if finding.affected else None
+    if last is None or names.index(last) + 1 == len(names):
+        return None
+    following = names[names.index(last) + 1]
+    return following if following.split("-")[0] == last.split("-")[0] else None
+
+
+def declared_for(finding: FindingFile, contract: str) -> bool:
+    """Whether the oracle can lay the finding's views out under `contract`: it needs no declaration, or one of a release
+    of that contract is recorded."""
+    recorded = finding.meta.get(DECLARED) or {}
+    return not needs_declarations(finding) or any(contract_of(release) == contract for release in recorded)
 
 
 def missing(finding: FindingFile) -> list[str]:

@@ -10,8 +10,8 @@ import numpy as np
 
 import oracles
 from fuzz.export.code import NoTemplate, layer_names
-from fuzz.export.declared import declared_case
-from fuzz.export.finding import RELEASE_CONTRACTS, FindingFile, contract_of
+from fuzz.export.declared import declared_case, declared_for, next_contract
+from fuzz.export.finding import FindingFile, contract_of
 from oracles.expectation import Expectation, ViewExpectation
 
 # The finding kinds whose test checks the views, and those whose test checks that vLLM refuses the case.
@@ -63,12 +63,12 @@ def contracts(finding: FindingFile) -> list[str]:
     names = list(dict.fromkeys(name for name in map(contract_of, finding.affected) if name is not None))
     if not names:
         raise NoTemplate(f"kvfuzz knows no contract for vLLM {', '.join(finding.affected) or '?'}")
-    following = [name for _, name in RELEASE_CONTRACTS]
-    index = following.index(names[-1]) + 1
+    following = next_contract(finding)
     valid = finding.kind not in INVALID_KINDS
-    if index < len(following) and following[index].split("-")[0] == names[-1].split("-")[0] \
-            and expectation(finding, following[index]).accepted == valid:
-        names.append(following[index])
+    # The next contract's expectation needs that release's own declarations, not an older release's (a backend's
+    # declared shape changes between contracts).
+    if following is not None and declared_for(finding, following) and expectation(finding, following).accepted == valid:
+        names.append(following)
     return names
 
 

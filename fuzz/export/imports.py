@@ -48,6 +48,7 @@ WHERE: dict[str, tuple[str, ...]] = {
     "allocate_kv_cache": (WORKER_UTILS,),
     "customize_attention_spec": (WORKER_UTILS,),
     "copy_kv_cache_blocks_inplace": (WORKER_UTILS,),
+    "get_kv_cache_layout": ("vllm.v1.attention.backends.utils",),
     "map_kv_caches_to_kernel_blocks": (WORKER_UTILS,),
     "prepare_kernel_block_sizes": (WORKER_UTILS,),
     "OffloadingConnectorWorker": ("vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker",),
@@ -73,6 +74,7 @@ OPTIONAL: dict[str, str] = {
     "KVQuantMode": "the KV-cache quant modes (vLLM 0.20+)",
     "get_kv_quant_mode": "the KV-cache quant modes (vLLM 0.20+)",
     "copy_kv_cache_blocks_inplace": "the KV-cache block copy (vLLM 0.26+)",
+    "get_kv_cache_layout": "the NHD / HND layout setting (vLLM 0.19 - 0.28)",
 }
 # Names only some releases have, None elsewhere: the test runs that step only where the release has it.
 NONE_WHERE_MISSING: dict[str, str] = {

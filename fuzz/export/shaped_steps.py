@@ -36,7 +36,7 @@ RESHAPE = '''
     def reshape_kv_cache(kv_cache_config, attn_groups, kernel_block_sizes, cache_dtype):
         """The V2 model runner's init_kv_cache up to the views (vllm/v1/worker/gpu/attn_utils.py), in the signature this
         release's _allocate_kv_cache and _reshape_kv_cache take (they changed in 0.22, 0.23 and 0.24)."""
-        shared = {}  # no KV-sharing layers
+        shared = dict(SHARED_LAYERS)
         if "shared_layers" in inspect.signature(_allocate_kv_cache).parameters:
             raw = _allocate_kv_cache(kv_cache_config, shared, torch.device("cpu"))
         else:
@@ -76,8 +76,8 @@ V1_RUNNER = '''
             "vllm_config": vllm_config, "cache_config": cache_config, "device": torch.device("cpu"), "pin_memory": False,
             "compilation_config": types.SimpleNamespace(static_forward_context=layers),
             "model_config": types.SimpleNamespace(hf_config=types.SimpleNamespace(model_type="test")),
-            "attn_groups": attn_groups, "kv_cache_config": kv_cache_config, "runner_only_attn_layers": set(),
-            "shared_kv_cache_layers": {}, "kv_caches": [], "speculative_config": None, "drafter": None,
+            "attn_groups": attn_groups, "kv_cache_config": kv_cache_config, "runner_only_attn_layers": set(SHARED_LAYERS),
+            "shared_kv_cache_layers": dict(SHARED_LAYERS), "kv_caches": [], "speculative_config": None, "drafter": None,
             "cross_layers_kv_cache": None, "cross_layers_attn_backend": None, "_kernel_block_sizes": kernel_block_sizes,
         }
         for name, value in attributes.items():
@@ -87,14 +87,22 @@ V1_RUNNER = '''
 '''
 
 
+FRESH_LAYOUT = '''
+    @pytest.fixture(autouse=True)
+    def fresh_kv_cache_layout():
+        """vLLM reads VLLM_KV_CACHE_LAYOUT once per process (get_kv_cache_layout is cached): read afresh around the test."""
+        get_kv_cache_layout.cache_clear()
+        yield
+        get_kv_cache_layout.cache_clear()
+'''
+
+
 def check_case(finding: FindingFile) -> None:
     case = finding.case
     if finding.layout_placed:
         raise NoTemplate("the pre-0.29 view exporter writes vLLM 0.19 - 0.28's _reshape_kv_cache only")
     if case.runner not in (None, "v1", "v2") or case.platform != "cuda" or case.spec_source != "case":
         raise NoTemplate(f"no exporter writes {case.describe()} yet (both model runners, platform or vLLM-built specs)")
-    if case.kv_sharing:
-        raise NoTemplate("the pre-0.29 view exporter writes no KV-sharing layers yet")
     if not case.groups:
         raise NoTemplate("an attention-free model has no views to check")
     for group in case.groups:
@@ -105,8 +113,8 @@ def check_case(finding: FindingFile) -> None:
         backend = group.synthetic_backend
         if backend is not None and (backend.shape is None or group.spec.cache_dtype != "auto"):
             raise NoTemplate("a synthetic backend without a declared shape, or with a quantized cache")
-        if group.backend is not None and case.layout != "NHD":
-            raise NoTemplate(f"a shipped backend asked for its {case.layout} declaration (the exporter writes vLLM's default, NHD)")
+        if group.backend is not None and case.layout not in ("NHD", "HND"):
+            raise NoTemplate(f"a shipped backend asked for its {case.layout} declaration (the exporter sets NHD or HND)")
 
 
 def shape_expression(pattern: tuple[int | str, ...]) -> str:
@@ -153,6 +161,8 @@ def constants(finding: FindingFile) -> str:
         lines.append(f"LAYERS_{index} = [{', '.join(quoted(names[n]) for n in group.layers)}]  # KV-cache group {index}: {group.spec.kind}")
         if group.backend is not None and group.synthetic_backend is None:
             lines.append(f"BACKEND_{index} = {quoted(group.backend)}")
+    lines.append("# Each KV-sharing layer and the layer whose cache it reads.")
+    lines.append("SHARED_LAYERS = {" + ", ".join(f"{quoted(names[s])}: {quoted(names[t])}" for s, t in case.kv_sharing) + "}")
     return "\n".join(lines)
 
 
@@ -161,7 +171,10 @@ def backend_line(index: int, group: GroupCase, module: Module) -> list[str]:
         return [f"backend_{index} = {backend_class_name(group.synthetic_backend)}"]
     if group.backend is None:
         return [f"backend_{index} = AttentionBackend  # a Mamba layer's backend plays no part in its views"]
-    return shipped_backend(f"backend_{index}", f"BACKEND_{index}", group.backend, module)
+    value_head = group.spec.head_size_v if group.spec.head_size_v is not None else group.spec.head_size
+    return [*shipped_backend(f"backend_{index}", f"BACKEND_{index}", group.backend, module),
+            f'if hasattr(backend_{index}, "set_head_size_v"):  # before 0.29 the model tells such a backend its V head size',
+            f"    backend_{index}.set_head_size_v({value_head})"]
 
 
 def steps(finding: FindingFile, module: Module) -> str:
@@ -170,6 +183,10 @@ def steps(finding: FindingFile, module: Module) -> str:
     check_case(finding)
     module.names.update(NAMES)
     lines: list[str] = []
+    if case.layout != "NHD":
+        module.add(FRESH_LAYOUT, "get_kv_cache_layout")
+        lines += ["# The KV-cache layout the backends declare their stride order for (vLLM's default is NHD).",
+                  f'monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "{case.layout}")']
     specs = []
     for index, group in enumerate(case.groups):
         call = spec_call(group.spec, placed=False)
@@ -186,7 +203,9 @@ def steps(finding: FindingFile, module: Module) -> str:
     else:
         group_specs = specs
     lines.append("kv_cache_groups = [" + ", ".join(f"KVCacheGroupSpec(LAYERS_{i}, {spec})" for i, spec in enumerate(group_specs)) + "]")
-    groups = [f"[AttentionGroup(backend=backend_{i}, layer_names=LAYERS_{i}, kv_cache_spec={spec}, kv_cache_group_id={i})]"
+    # A KV-sharing layer joins its target's KV-cache group (add_kv_sharing_layers_to_kv_cache_groups) and attention group.
+    members = "list(kv_cache_config.kv_cache_groups[{i}].layer_names)" if case.kv_sharing else "LAYERS_{i}"
+    groups = [f"[AttentionGroup(backend=backend_{i}, layer_names={members.format(i=i)}, kv_cache_spec={spec}, kv_cache_group_id={i})]"
               for i, spec in enumerate(specs)]
     if case.packing == "cross_layers":
         module.names.add("KVTransferConfig")
@@ -199,6 +218,9 @@ def steps(finding: FindingFile, module: Module) -> str:
               "assert kv_cache_config.num_blocks == NUM_BLOCKS"]
     if case.packing == "cross_layers":  # a connector without a name: the views must not ask it for its layout
         lines += ["vllm_config.kv_transfer_config = None  # the planner alone reads the setting; no connector runs here"]
+    if case.kv_sharing:
+        module.names.add("add_kv_sharing_layers_to_kv_cache_groups")
+        lines += ["add_kv_sharing_layers_to_kv_cache_groups(SHARED_LAYERS, kv_cache_config.kv_cache_groups)"]
     lines += ["",
               "# The model runner's steps " + ("(initialize_kv_cache, vllm/v1/worker/gpu_model_runner.py)." if case.runner == "v1" else
                                                "(init_attn_backend and init_kv_cache, vllm/v1/worker/gpu/attn_utils.py)."),
