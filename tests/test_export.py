@@ -29,7 +29,7 @@ CASES = {10: "d12a95e7e436-8b1b57b9bc44668c", 18: "047a3fda9528-b920c268ecdc4248
 LAYOUTS_034 = {"CPU_ATTN": ("LBHNC",), "ROCM_SEGMENTED_ATTN": ("LHBNC", "LBHNC"), "CPU_MLA": None}
 ALLOWED_IMPORTS = {"copy", "dataclasses", "importlib", "inspect", "sys", "types", "pytest", "torch", "vllm"}
 # How many of the shipped corpus's findings `kvfuzz export corpus` writes a module for (at least).
-EXPORTED_AT_LEAST = 71
+EXPORTED_AT_LEAST = 74
 
 
 def finding(number: int):

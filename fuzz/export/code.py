@@ -25,6 +25,19 @@ PLAIN_DEFAULTS = {"num_head_slots": None, "state_content_bytes": None, "block_st
                   "rope_dim": None, "topk_buffer_width": None, "is_draft": False, "state_alignment": 1}
 
 
+# Spec fields a backend publishes for its spec (customize_spec, vLLM 0.28+); a release whose spec class lacks one
+# sizes that cache by the cache dtype alone. HELD_BY_HELPER passes such fields (and an MLA cache's quant mode) only
+# where the release's spec class has them.
+PUBLISHED = ("state_content_bytes", "num_head_slots")
+HELD_BY_HELPER = '''
+    def held_by(cls, **fields):
+        """The fields this release's spec class has: one it lacks the release derives from the cache dtype itself (the
+        state bytes a backend publishes from 0.28, an MLA cache's quant mode)."""
+        names = {field.name for field in dataclasses.fields(cls)}
+        return {name: value for name, value in fields.items() if name in names}
+'''
+
+
 class NoTemplate(Exception):
     """The finding has no exporter yet: why, one line."""
 
@@ -58,9 +71,9 @@ def spec_call(spec: SpecCase, num_kv_heads: int | None = None, placed: bool = Tr
     cls = SPEC_CLASSES.get(spec.kind)
     if cls is None:
         raise NoTemplate(f"no exporter builds {spec.kind} specs yet")
-    unusual = [name for name, default in PLAIN_DEFAULTS.items() if getattr(spec, name) != default]
+    unusual = [name for name, default in PLAIN_DEFAULTS.items() if name not in PUBLISHED and getattr(spec, name) != default]
     quantized = spec.kind not in MLA_KINDS and spec.cache_dtype not in PLAIN_CACHE_DTYPES
-    if unusual or (spec.kv_quant_mode != "none" and not quantized) or spec.registered_cache_dtype:
+    if unusual or (spec.kv_quant_mode != "none" and not quantized and spec.kind not in MLA_KINDS) or spec.registered_cache_dtype:
         raise NoTemplate(f"no exporter carries spec field(s) {', '.join(unusual) or 'kv_quant_mode'} yet")
     if spec.kind == "mamba":
         dtypes = ", ".join(f"torch.{dtype}" for dtype in spec.mamba_dtypes) + ("," if len(spec.mamba_dtypes) == 1 else "")
@@ -75,6 +88,11 @@ def spec_call(spec: SpecCase, num_kv_heads: int | None = None, placed: bool = Tr
         args.append(f"{'tokens_per_state' if placed else 'compress_ratio'}={spec.compress_ratio}")
     if spec.kind in MLA_KINDS:
         args.append(f"cache_dtype_str={json.dumps(spec.cache_dtype)}")
+    where_held = [f"{name}={getattr(spec, name)}" for name in PUBLISHED if getattr(spec, name) is not None]
+    if spec.kind in MLA_KINDS and spec.kv_quant_mode != "none":
+        where_held.append(f"kv_quant_mode=get_kv_quant_mode({json.dumps(spec.cache_dtype)})")
+    if where_held:
+        args.append(f"**held_by({cls}, {', '.join(where_held)})")
     elif quantized:
         if spec.kv_quant_mode == "none":
             raise NoTemplate(f"no exporter stores cache dtype {spec.cache_dtype} yet (the case gives it no quant mode)")

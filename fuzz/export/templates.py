@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import ast
 import re
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from fuzz.export import block_copy, connector, kernel_write, placed_views, quant_mode, shaped_views, spec_page
-from fuzz.export.code import Module, NoTemplate
+from fuzz.export.code import HELD_BY_HELPER, Module, NoTemplate
 from fuzz.export.expected import INVALID_KINDS, VALID_KINDS
 from fuzz.export.finding import FindingFile
 from fuzz.export.imports import import_block
@@ -60,6 +61,8 @@ def template_for(finding: FindingFile) -> Template:
 def export(finding: FindingFile, reach: Reach | None) -> Exported:
     """The finding's standalone test module; NoTemplate (one line) where kvfuzz cannot write one yet."""
     module = template_for(finding)(finding, reach)
+    if any("**held_by(" in part for part in module.parts):
+        module.parts.insert(1, textwrap.dedent(HELD_BY_HELPER).strip("\n"))
     head, *rest = module.parts
     body = "\n".join(rest)
     stdlib = tuple(name for name in ("copy", "dataclasses", "importlib", "inspect", "sys", "types") if re.search(rf"(?<![\w.]){name}\.", body))
