@@ -4,7 +4,7 @@ layer's block d the bytes its block s held, and change nothing else (`copy-escap
 from __future__ import annotations
 
 from fuzz.export import shaped_steps, view_rules
-from fuzz.export.code import CONFIG_FIXTURE, Module, NoTemplate, docstring, indent
+from fuzz.export.code import Module, NoTemplate, docstring, indent
 from fuzz.export.expected import expected_literal
 from fuzz.export.finding import FindingFile, version_key
 from fuzz.export.reach import Reach
@@ -55,12 +55,7 @@ def block_copy_test(finding: FindingFile, reach: Reach | None) -> Module:
     module.add(docstring(finding, reach, f"copying block {src} to {dst} must give every layer's block {dst} the bytes of its "
                                          f"block {src} and change nothing else."))
     module.add(shaped_steps.constants(finding) + f"\nSRC, DST = {src}, {dst}  # the block copy")
-    module.add(CONFIG_FIXTURE, "VllmConfig", "set_current_vllm_config", "current_platform")
-    for group in case.groups:
-        if group.synthetic_backend is not None:
-            module.add(shaped_steps.synthetic_class(group.synthetic_backend, module))
-    module.add(shaped_steps.runner_helper(finding, module))
-    body = shaped_steps.steps(finding, module)
+    body = shaped_steps.walk(finding, module)
     module.add(expected_literal(finding, blocks=sorted({src, dst})))
     module.add(COPY_HELPERS, "copy_kv_cache_blocks_inplace")
     check = "\n".join([

@@ -7,7 +7,7 @@ build one."""
 from __future__ import annotations
 
 from fuzz.case import GroupCase, SyntheticBackend, parse_shape_entry
-from fuzz.export.code import Module, NoTemplate, indent, layer_names, spec_call, spec_names
+from fuzz.export.code import CONFIG_FIXTURE, Module, NoTemplate, indent, layer_names, spec_call, spec_names
 from fuzz.export.finding import FindingFile
 from fuzz.export.runner_steps import backend_class_name, class_head, quoted, shipped_backend
 
@@ -228,3 +228,14 @@ def steps(finding: FindingFile, module: Module) -> str:
               "kernel_block_sizes = prepare_kernel_block_sizes(kv_cache_config, attn_groups)",
               f'kv_caches = {views_call(finding)}kv_cache_config, attn_groups, kernel_block_sizes, "{cache_dtype}")']
     return indent("\n".join(lines))
+
+
+def walk(finding: FindingFile, module: Module) -> str:
+    """The config fixture, the case's synthetic backend classes and its runner's helper added to `module`; returns the
+    test body up to `kv_caches` (steps)."""
+    module.add(CONFIG_FIXTURE, "VllmConfig", "set_current_vllm_config", "current_platform")
+    for group in finding.case.groups:
+        if group.synthetic_backend is not None:
+            module.add(synthetic_class(group.synthetic_backend, module))
+    module.add(runner_helper(finding, module))
+    return steps(finding, module)

@@ -5,7 +5,7 @@ cases must get the oracle's views, invalid ones a refusal."""
 from __future__ import annotations
 
 from fuzz.export import shaped_steps, view_rules
-from fuzz.export.code import CONFIG_FIXTURE, Module, docstring
+from fuzz.export.code import Module, docstring
 from fuzz.export.expected import INVALID_KINDS
 from fuzz.export.finding import FindingFile
 from fuzz.export.reach import Reach
@@ -19,12 +19,7 @@ def shaped_views_test(finding: FindingFile, reach: Reach | None) -> Module:
     module = Module(title=view_rules.title(finding, f"{where} ({'+'.join(kinds)}, {case.layout})"))
     module.add(docstring(finding, reach, view_rules.what(finding)))
     module.add(shaped_steps.constants(finding))
-    module.add(CONFIG_FIXTURE, "VllmConfig", "set_current_vllm_config", "current_platform")
-    for group in case.groups:
-        if group.synthetic_backend is not None:
-            module.add(shaped_steps.synthetic_class(group.synthetic_backend, module))
-    module.add(shaped_steps.runner_helper(finding, module))
-    body = shaped_steps.steps(finding, module)
+    body = shaped_steps.walk(finding, module)
     verb = "refuses" if finding.kind in INVALID_KINDS else "views"
     runner = "v1_runner" if case.runner == "v1" else "reshape_kv_cache"
     view_rules.add_check(module, finding, f"test_{runner}_{verb}_{'_'.join(kinds)}_caches", body, shaped_steps.PROBE)
