@@ -119,7 +119,7 @@ def test_every_mutant_of_the_layer_shape_function_dies(tmp_path):
     from fuzz.cli import main
 
     out = io.StringIO()
-    code = main(["mutate", "--function", "compute_layer_kv_cache_shape_bytes", "--budget", "8", "--jobs", "2", "--device", "cpu",
+    code = main(["mutate", "--function", "compute_layer_kv_cache_shape_bytes", "--budget", "3", "--jobs", "2", "--device", "cpu",
                  "--case-timeout", "10", "--json", "--session", str(tmp_path / "session.jsonl")], stdout=out)
     assert code == 0
     report = json.loads(out.getvalue())

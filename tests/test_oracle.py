@@ -140,7 +140,7 @@ def test_oracle_is_sound_on_many_fast_path_cases():
     shaped = dataclasses.replace(synthetic_info(SHAPED_022, ("NHD", "HND")),
                                  spec_kinds=tuple(k for k in placed.spec_kinds if k != "encoder_only"))
     checked = 0
-    for index in range(1200):
+    for index in range(1600):
         info = (placed, shaped)[index % 2]
         try:
             case = draw_indexed(info, 21, index)
@@ -150,7 +150,9 @@ def test_oracle_is_sound_on_many_fast_path_cases():
             case = dataclasses.replace(case, groups=tuple(
                 dataclasses.replace(g, declared_shape=shapes[g.backend]) if g.backend else g for g in case.groups))
         e = expect(case, info.contract)
-        if e.accepted and sum(e.buffers) <= 1 << 20:
+        # The check costs per byte: buffers up to 256 KiB keep the sweep to seconds (the Hypothesis test above and the
+        # campaigns' own oracle runs see the larger ones).
+        if e.accepted and sum(e.buffers) <= 1 << 18:
             assert_sound(e)
             checked += 1
-    assert checked > 500
+    assert checked > 900
