@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fuzz.cli import main
-from fuzz.export.code import NoTemplate
+from fuzz.export.code import NoTemplate, spec_call
 from fuzz.export.declared import DECLARED, declared_case, missing, needs_declarations, releases_to_ask
 from fuzz.export.finding import read_finding
 from fuzz.export.fixes import FIXES, patched_tree
@@ -106,6 +106,16 @@ def test_a_spec_page_module_expects_the_page_the_cache_dtype_stores():
     assert 'kv_quant_mode=get_kv_quant_mode("int4_per_token_head")' in source
     assert 'if "INT4_PER_TOKEN_HEAD" not in KVQuantMode.__members__:' in source
     assert "import types" not in source  # a comment naming oracles/dtypes.py is no use of the types module
+
+
+def test_a_quantized_spec_keeps_its_quant_mode_beside_the_fields_a_release_may_lack():
+    from fuzz.case import SpecCase
+
+    spec = SpecCase("full", 16, head_size=16, dtype="int8", cache_dtype="int8_per_token_head",
+                    kv_quant_mode="int8_per_token_head", state_content_bytes=40)
+    call = spec_call(spec)
+    assert 'kv_quant_mode=get_kv_quant_mode("int8_per_token_head")' in call
+    assert call.endswith("**held_by(FullAttentionSpec, state_content_bytes=40))")
 
 
 def test_a_block_copy_module_expects_each_layers_block_bytes_moved():

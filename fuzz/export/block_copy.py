@@ -77,6 +77,7 @@ def block_copy_test(finding: FindingFile, reach: Reach | None) -> Module:
         "    wrong = (raw != wanted[pointer]).nonzero().flatten().tolist()",
         '    assert not wrong, (f"after copying block {SRC} to {DST}, {len(wrong)} bytes of buffer {index} are not what the "',
         '                       f"copy must leave there, the first at byte {wrong[0]}")'])
-    view_rules.add_gated(module, finding, f"test_copying_block_{src}_to_{dst}_copies_each_layers_block_and_nothing_else",
-                         body + "\n\n" + indent(check), shaped_steps.PROBE)
+    gate = view_rules.add_contract_gate(module, finding, shaped_steps.PROBE)
+    name = f"test_copying_block_{src}_to_{dst}_copies_each_layers_block_and_nothing_else"
+    module.add(f"def {name}(vllm_config, monkeypatch):\n{gate}{body}\n\n{indent(check)}")
     return module

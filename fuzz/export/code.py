@@ -86,18 +86,18 @@ def spec_call(spec: SpecCase, num_kv_heads: int | None = None, placed: bool = Tr
     args += [f"{name}={json.dumps(getattr(spec, name))}" for name, default in CARRIED_DEFAULTS.items() if getattr(spec, name) != default]
     if spec.compress_ratio != 1:
         args.append(f"{'tokens_per_state' if placed else 'compress_ratio'}={spec.compress_ratio}")
+    where_held = [f"{name}={getattr(spec, name)}" for name in PUBLISHED if getattr(spec, name) is not None]
     if spec.kind in MLA_KINDS:
         args.append(f"cache_dtype_str={json.dumps(spec.cache_dtype)}")
-    where_held = [f"{name}={getattr(spec, name)}" for name in PUBLISHED if getattr(spec, name) is not None]
-    if spec.kind in MLA_KINDS and spec.kv_quant_mode != "none":
-        where_held.append(f"kv_quant_mode=get_kv_quant_mode({json.dumps(spec.cache_dtype)})")
-    if where_held:
-        args.append(f"**held_by({cls}, {', '.join(where_held)})")
+        if spec.kv_quant_mode != "none":
+            where_held.append(f"kv_quant_mode=get_kv_quant_mode({json.dumps(spec.cache_dtype)})")
     elif quantized:
         if spec.kv_quant_mode == "none":
             raise NoTemplate(f"no exporter stores cache dtype {spec.cache_dtype} yet (the case gives it no quant mode)")
         # A layer of a quantized cache: the storage dtype (the case's), the quant mode the release gives the cache dtype.
         args.append(f"kv_quant_mode=get_kv_quant_mode({json.dumps(spec.cache_dtype)})")
+    if where_held:
+        args.append(f"**held_by({cls}, {', '.join(where_held)})")
     return f"{cls}({', '.join(args)})"
 
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fuzz.case import LAYOUT_EQUIVALENTS, Case
+from oracles.pages import page
 
 REACH_CLASSES = ("deployment", "flag", "latent")
 # The compress ratios a model vLLM ships builds its compressed caches with: DeepSeek V4's compressor asserts 4 or 128
@@ -69,8 +70,6 @@ def _unmatched_mamba_padding(case: Case) -> str | None:
     """Why a Mamba page of the case is padded as no model's is, or None. vLLM pads a hybrid model's Mamba page up to
     its attention page, so that every group's pages are one size (HybridAttentionMambaModelConfig, 0.20+); a model
     without attention layers gets no padding."""
-    from oracles.pages import page
-
     attention = {page(spec).page_bytes for g in case.groups for spec in g.layer_specs if spec.kind != "mamba"}
     for spec in (spec for g in case.groups for spec in g.layer_specs if spec.kind == "mamba"):
         if spec.page_size_padded is not None and spec.page_size_padded not in attention:
@@ -83,14 +82,14 @@ def reach_of(case: Case, meta: Mapping[str, object], backend_layouts: Mapping[st
     """The finding's reach. `backend_layouts`: each shipped backend's declared layouts as the release reports them
     (None where it declares none); None when no release was asked, in which case undeclared is assumed."""
     settings = tuple(CONSUMER_SETTINGS[name] for name in (case.touches.consumers if case.touches else ()) if name in CONSUMER_SETTINGS)
-    if any(spec.registered_cache_dtype for g in case.groups for spec in g.layer_specs):
+    specs = [spec for g in case.groups for spec in g.layer_specs]
+    if any(spec.registered_cache_dtype for spec in specs):
         return Reach("latent", "no platform vLLM ships registers a cache dtype with this mode: only an out-of-tree platform's "
                                "dtype handler (register_kv_cache_dtype) reaches it", settings=settings)
-    ratios = sorted({spec.compress_ratio for g in case.groups for spec in g.layer_specs} - MODEL_COMPRESS_RATIOS)
+    ratios = sorted({spec.compress_ratio for spec in specs} - MODEL_COMPRESS_RATIOS)
     if ratios:
         return Reach("latent", f"no model vLLM ships compresses its cache by {', '.join(map(str, ratios))} (DeepSeek V4 and "
                                f"V4.1 use {', '.join(map(str, sorted(MODEL_COMPRESS_RATIOS)))})", settings=settings)
-    specs = [spec for g in case.groups for spec in g.layer_specs]
     deepseek_v4 = [s for s in specs if s.kind == "sliding_window_mla" or s.compress_ratio > 1 or (s.is_mla and s.alignment)]
     if deepseek_v4 and any(s.kind == "mamba" for s in specs):
         return Reach("latent", "no model vLLM ships has both DeepSeek V4's compressed, sliding-window or page-aligned MLA "

@@ -65,26 +65,23 @@ def hoisted_backends(body: str) -> tuple[str, str]:
             "".join(line for i, line in enumerate(lines) if i not in lookups))
 
 
-def add_gated(module: Module, finding: FindingFile, name: str, body: str, probe: str) -> str:
-    """CONTRACTS and the release probe, then the test function `name`: `body` (indented) on releases whose contract
-    (told by `probe`, a module-level `release_contract()`) is one the finding's rule and EXPECTED are written for.
-    Returns the gate's lines, for a template that writes the function itself."""
+def add_contract_gate(module: Module, finding: FindingFile, probe: str) -> str:
+    """CONTRACTS and the release probe (`probe`, a module-level `release_contract()`) added to `module`; returns the lines
+    a test function starts with to skip on a release whose contract is not one the finding's rule and EXPECTED are
+    written for."""
     names = contracts(finding)
     module.add("# The kvfuzz contracts the rule below holds under (that of each release the finding affects, and the next\n"
                "# one where kvfuzz's oracle judges the case alike); a release that follows another contract skips.\n"
                f"CONTRACTS = ({', '.join(map(quoted, names))}{',' if len(names) == 1 else ''})\n\n\n"
                + textwrap.dedent(probe).strip("\n"))
-    gate = ("    if release_contract() not in CONTRACTS:\n"
+    return ("    if release_contract() not in CONTRACTS:\n"
             "        pytest.skip(f\"this vLLM follows kvfuzz's contract {release_contract()}, not one of {CONTRACTS}\")\n")
-    if body:
-        module.add(f"def {name}(vllm_config, monkeypatch):\n{gate}{body}")
-    return gate
 
 
 def add_check(module: Module, finding: FindingFile, name: str, body: str, probe: str) -> None:
     """The test function: `body` (the walk, indented) under the finding kind's rule and check, on releases whose
-    contract is one the rule and EXPECTED are written for (add_gated)."""
-    gate = add_gated(module, finding, name, "", probe)
+    contract is one the rule and EXPECTED are written for (add_contract_gate)."""
+    gate = add_contract_gate(module, finding, probe)
     if finding.kind in INVALID_KINDS:
         rule = comment(REFUSAL_RULE.format(reason=reject_reason(finding).rstrip(".")))
         backends, rest = hoisted_backends(body)
