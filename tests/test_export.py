@@ -29,7 +29,7 @@ CASES = {10: "d12a95e7e436-8b1b57b9bc44668c", 18: "047a3fda9528-b920c268ecdc4248
 LAYOUTS_034 = {"CPU_ATTN": ("LBHNC",), "ROCM_SEGMENTED_ATTN": ("LHBNC", "LBHNC"), "CPU_MLA": None}
 ALLOWED_IMPORTS = {"copy", "dataclasses", "importlib", "inspect", "sys", "types", "pytest", "torch", "vllm"}
 # How many of the shipped corpus's findings `kvfuzz export corpus` writes a module for (at least).
-EXPORTED_AT_LEAST = 74
+EXPORTED_AT_LEAST = 84
 
 
 def finding(number: int):
@@ -128,22 +128,51 @@ def test_a_block_copy_module_expects_each_layers_block_bytes_moved():
     assert "copy_kv_cache_blocks_inplace([view for view in kv_caches.values()" in source
 
 
+def test_a_cpu_zeroing_module_expects_the_whole_manager_block_cleared():
+    # #17: CPU_MLA's 32-token blocks of one 16-wide bfloat16 latent head (32 * 16 * 2 = 1024 bytes a block) split into
+    # 16-token kernel blocks, beside a Mamba layer whose page is padded to the same 1024 bytes; two blocks, the layout
+    # LBNHC. Zeroing manager block 1 must clear all of [1024, 2048) and touch nothing else (the bug clears kernel
+    # block 1, bytes [512, 1024) of block 0).
+    found = read_finding(FINDINGS / "f92d5951ceca-48e032ba503b2c5b.json")
+    source = export(found, None).source
+    assert '"placed-0.32": {"must_clear": [(1024, 2048)], "may_change": [(1024, 2048)]}' in source
+    assert "cpu_runner(kv_cache_config, kv_caches)._zero_block_ids([BLOCK])" in source
+    assert "    [],  # a Mamba group: no attention backend takes part in its views" in source
+    # #29: CPU_MLA (16 tokens x 3 x bfloat16: a 96-byte page) and AMX_MLA (32 x 453 x float16: 28,992 bytes) in a
+    # block-outermost pool: both views start at byte 0 of block 0, whose row is the larger page.
+    found = read_finding(FINDINGS / "0c4c97c48f4c-e88780287632ed2b.json")
+    source = export(found, reach_of(found.case, found.meta, None)).source
+    assert '"placed-0.32": {"must_clear": [(0, 28992)], "may_change": [(0, 28992)]}' in source
+    assert 'monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "BLNHC")' in source
+
+
+def test_a_connector_module_before_029_holds_the_region_to_the_blocks_the_oracle_gives():
+    # A synthetic cross-attention backend declaring the K/V-first shape (2, num_blocks, block_size, heads, head_size),
+    # 2 blocks of one token, one head of 16 bfloat16: one block's K (or V) is 16 * 2 = 32 bytes, K of both blocks first.
+    # Block 0 owns [0, 32) and [64, 96); the connector's row of a 64-byte page, [0, 64), also holds block 1's K.
+    found = read_finding(FINDINGS / "1964babdb04d-e703ed0da6e7af14.json")
+    source = export(found, None).source
+    assert '"blocks": {0: [(0, 32), (64, 96)], 1: [(32, 64), (96, 128)]}' in source
+    assert "connector = offloading_worker(spec, vllm_config, kv_cache_config)" in source
+    assert "expected = EXPECTED[release_contract()]" in source
+
+
 def test_a_kind_without_a_template_says_so():
-    zero = read_finding(FINDINGS / "0e0bf1928823-1484f0ae90990517.json")
-    with pytest.raises(NoTemplate, match="no exporter for zero-miss"):
-        export(zero, None)
+    declaration = read_finding(FINDINGS / "2e8a1817009a-096c7e839f06020c.json")
+    with pytest.raises(NoTemplate, match="no exporter for declaration"):
+        export(declaration, None)
 
 
 def test_export_command(tmp_path):
     out = io.StringIO()
-    status = main(["export", str(FINDINGS / f"{CASES[18]}.json"), str(FINDINGS / "0e0bf1928823-1484f0ae90990517.json"),
-                   "--out", str(tmp_path / "tests")], stdout=out)
+    triton_zeroer = FINDINGS / "e1619f3c765d-9c7782ebc01380b0.json"  # #21: KVBlockZeroer's Triton kernel, no template
+    status = main(["export", str(FINDINGS / f"{CASES[18]}.json"), str(triton_zeroer), "--out", str(tmp_path / "tests")], stdout=out)
     assert status == 0
     lines = out.getvalue().splitlines()
-    assert any("not exported: no exporter for zero-miss" in line for line in lines)
+    assert any("not exported: no exporter for zero-miss in zero_block_ids" in line for line in lines)
     assert [p.name for p in (tmp_path / "tests").iterdir()] == ["test_kvfuzz_047a3fda9528_b920c268.py"]
     # Nothing exported: exit 1, one line per finding.
-    assert main(["export", str(FINDINGS / "0e0bf1928823-1484f0ae90990517.json"), "--out", str(tmp_path / "none")], stdout=io.StringIO()) == 1
+    assert main(["export", str(triton_zeroer), "--out", str(tmp_path / "none")], stdout=io.StringIO()) == 1
 
 
 def test_export_and_report_refuse_bad_input_in_one_line(tmp_path):
@@ -243,8 +272,8 @@ def test_view_modules_carry_the_rule_the_expectation_and_the_contracts():
 
 
 def test_view_exporter_names_what_it_cannot_write():
-    with pytest.raises(NoTemplate, match="several KV-cache groups"):
-        view_module("52361917d8b1-82f82cf2ebd6c986")  # #28: a 0.29+ model of two groups
+    with pytest.raises(NoTemplate, match="synthetic backend without a declared shape, or with a quantized cache"):
+        view_module("ed2cb5be4dc4-30a819fe108964c1")  # #16: synthetic backends of an fp8_inc cache before 0.29
     # A shipped backend's declared cache shape (vLLM <= 0.28) comes from its release: without one, no expectation.
     found = read_finding(FINDINGS / "ca0f737b67c6-8abd1e5d56c29dc4.json")
     unasked = dataclasses.replace(found, meta={key: value for key, value in found.meta.items() if key != DECLARED})
@@ -286,9 +315,9 @@ CORPUS_RELEASES = ["0.20.0", "0.21.0", "0.22.0", "0.23.0", "0.24.0", "0.27.0", "
 # function this module does not call) the module fails or skips; everywhere else it passes or skips.
 REPLAY = FINDINGS.parent.parent / "docs" / "findings-replay.json"
 ALLOWED = {"fails": {"fail"}, "other": {"fail", "skip"}}
-# Backends whose modules need a package this environment cannot have (torchvision: PyPI's builds break beside the
-# CPU torch): their modules skip here, naming the missing module.
-CANNOT_IMPORT_HERE = {"TRITON_MSA"}
+# Backends whose modules need a package or extension this environment cannot have (torchvision: PyPI's builds break
+# beside the CPU torch; vllm_flash_attn's CUDA kernels): their modules skip here, naming the missing module.
+CANNOT_IMPORT_HERE = {"TRITON_MSA", "FLASH_ATTN_MLA_SPARSE"}
 
 
 # The 0.29+ view check is no test that cannot pass: finding 0a7967da01d8's case in the layout vLLM handles (LBNHC, three

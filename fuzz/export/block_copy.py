@@ -1,10 +1,10 @@
-"""Template: copying block s to block d (`copy_kv_cache_blocks_inplace`, vLLM 0.26 - 0.28's views) must give every
+"""Template: copying block s to block d (`copy_kv_cache_blocks_inplace`, on vLLM 0.26 - 0.28's or 0.29+'s views) must give every
 layer's block d the bytes its block s held, and change nothing else (`copy-escape` / `copy-wrong`)."""
 
 from __future__ import annotations
 
-from fuzz.export import shaped_steps, view_rules
-from fuzz.export.code import Module, NoTemplate, docstring, indent
+from fuzz.export import placed_views, runner_steps, shaped_steps, view_rules
+from fuzz.export.code import CONFIG_FIXTURE, Module, NoTemplate, docstring, indent
 from fuzz.export.expected import expected_literal
 from fuzz.export.finding import FindingFile, version_key
 from fuzz.export.reach import Reach
@@ -44,18 +44,25 @@ def block_copy_test(finding: FindingFile, reach: Reach | None) -> Module:
     if not copies:
         raise NoTemplate("the case names no block copy")
     placed = [version for version in finding.affected if version_key(version) >= version_key("0.29.0")]
-    if finding.layout_placed or placed or case.runner != "v2":
-        raise NoTemplate("the block-copy exporter writes the V2 runner's views of vLLM 0.26 - 0.28 only; this finding "
-                         f"affects {', '.join(placed) or 'a later release'} too")
-    shaped_steps.check_case(finding)
+    if case.runner != "v2" or (placed and not finding.layout_placed):
+        raise NoTemplate("the block-copy exporter writes one walk, the V2 runner's of vLLM 0.26 - 0.28 or of 0.29+; this "
+                         f"finding affects {', '.join(placed)} too")
+    groups = runner_steps.check_groups(finding) if finding.layout_placed else None
+    if groups is None:
+        shaped_steps.check_case(finding)
     src, dst = copies[0]
     kinds = list(dict.fromkeys(g.spec.kind for g in case.groups))
     module = Module(title=f"copy_kv_cache_blocks_inplace copying block {src} to {dst} of {'+'.join(kinds)} caches "
                           f"({case.layout}) writes other bytes than block {dst}'s")
     module.add(docstring(finding, reach, f"copying block {src} to {dst} must give every layer's block {dst} the bytes of its "
                                          f"block {src} and change nothing else."))
-    module.add(shaped_steps.constants(finding) + f"\nSRC, DST = {src}, {dst}  # the block copy")
-    body = shaped_steps.walk(finding, module)
+    if groups is None:
+        module.add(shaped_steps.constants(finding) + f"\nSRC, DST = {src}, {dst}  # the block copy")
+        body, probe = shaped_steps.walk(finding, module), shaped_steps.PROBE
+    else:  # the runner hands over the views it keeps (the manager views), not those layers bind
+        module.add(runner_steps.constants(finding, groups) + f"\nSRC, DST = {src}, {dst}  # the block copy")
+        module.add(CONFIG_FIXTURE, "VllmConfig", "set_current_vllm_config", "current_platform")
+        body, probe = runner_steps.steps(finding, reach, module), placed_views.PROBE
     module.add(expected_literal(finding, blocks=sorted({src, dst})))
     module.add(COPY_HELPERS, "copy_kv_cache_blocks_inplace")
     check = "\n".join([
@@ -77,7 +84,7 @@ def block_copy_test(finding: FindingFile, reach: Reach | None) -> Module:
         "    wrong = (raw != wanted[pointer]).nonzero().flatten().tolist()",
         '    assert not wrong, (f"after copying block {SRC} to {DST}, {len(wrong)} bytes of buffer {index} are not what the "',
         '                       f"copy must leave there, the first at byte {wrong[0]}")'])
-    gate = view_rules.add_contract_gate(module, finding, shaped_steps.PROBE)
+    gate = view_rules.add_contract_gate(module, finding, probe)
     name = f"test_copying_block_{src}_to_{dst}_copies_each_layers_block_and_nothing_else"
     module.add(f"def {name}(vllm_config, monkeypatch):\n{gate}{body}\n\n{indent(check)}")
     return module

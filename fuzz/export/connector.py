@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from fuzz.export import runner_steps
+from fuzz.export import runner_steps, shaped_steps, view_rules
 from fuzz.export.code import BYTE_HELPERS, CONFIG_FIXTURE, Module, NoTemplate, docstring
+from fuzz.export.expected import expected_literal
 from fuzz.export.finding import FindingFile
 from fuzz.export.reach import Reach
 
@@ -16,41 +17,100 @@ RECORDING_SPEC = '''
 
         replicated_layout = False
 
-        def __init__(self):
+        def __init__(self, vllm_config, kv_cache_config):
+            self.vllm_config, self.kv_cache_config = vllm_config, kv_cache_config
             self.config = types.SimpleNamespace(canonical_layout=False, parallel=types.SimpleNamespace(rank=0))
             self.registered = []
 
-        def get_worker(self, kv_caches):
+        def get_worker(self, kv_caches):  # vLLM 0.25+
             self.registered.append(kv_caches)
+
+        def get_handlers(self, kv_caches):  # vLLM 0.19 - 0.24
+            self.registered.append(kv_caches)
+            return []
+
+
+    def offloading_worker(spec, vllm_config, kv_cache_config):
+        """The connector's worker side, in the signature this release takes (before 0.25 the spec carries the configs)."""
+        if "kv_cache_config" in inspect.signature(OffloadingConnectorWorker).parameters:
+            return OffloadingConnectorWorker(spec, vllm_config, kv_cache_config)
+        return OffloadingConnectorWorker(spec)
+
+
+    def layers_in_forward_context(vllm_config, backends):
+        """vLLM 0.19 - 0.22's connector asks each layer of the config's forward context for its attention backend: put the
+        model's layers there (later releases read no layer)."""
+        for name, backend in backends.items():
+            layer = type("ModelLayer", (AttentionLayerBase,), {"get_attn_backend": lambda self, backend=backend: backend,
+                                                               "get_kv_cache_spec": lambda self, vllm_config: None,
+                                                               "__abstractmethods__": frozenset()})
+            vllm_config.compilation_config.static_forward_context[name] = object.__new__(layer)
 '''
 
-CHECK = '''
-    spec = RecordingOffloadingSpec()
-    connector = OffloadingConnectorWorker(spec, vllm_config, kv_cache_config)
+AS_LIST = '''
+    def as_list(cache):
+        """A layer's cache as its tensors (a Mamba layer has several)."""
+        return list(cache) if isinstance(cache, (list, tuple)) else [cache]
+'''
+
+REGISTER = '''
+    spec = RecordingOffloadingSpec(vllm_config, kv_cache_config)
+    connector = offloading_worker(spec, vllm_config, kv_cache_config)
     # Canonical pages for tensor-parallel peers need a model config and play no part in the regions.
     monkeypatch.setattr(sys.modules[OffloadingConnectorWorker.__module__], "derive_canonical_mappings",
                         lambda *args, **kwargs: {}, raising=False)
-    connector.register_kv_caches(kv_caches)
+'''
 
+RULE = '''
     # The rule (kvfuzz contract, block_owns_its_row): the region a connector moves for block b holds every byte the
     # layers' views give block b and no byte of another block. A KV-sharing layer has its target's cache, so its
     # region is its target's.
     (registered,) = spec.registered
+'''
+
+# Where vLLM 0.29+ places every layer's blocks along its views' first axis, the views say which bytes block b owns.
+PLACED_CHECK = '''
     for block in BLOCKS:
         region = set().union(*(byte_offsets(entry.tensor[block]) for entry in registered.tensors))
         own = set().union(*(byte_offsets(block_rows(view, block)) for view in kv_caches.values()))
         others = set().union(*(byte_offsets(block_rows(view, other)) for view in kv_caches.values()
                                for other in range(NUM_BLOCKS) if other != block))
-        assert own <= region, f"block {block}: the region misses bytes {runs(own - region)} of it (region: {runs(region)})"
         assert not region & others, f"block {block}: the region holds bytes {runs(region & others)} of other blocks"
+        assert own <= region, f"block {block}: the region misses bytes {runs(own - region)} of it (region: {runs(region)})"
 '''
+
+# Before 0.29 a backend's views may put K and V (or layers) ahead of the block axis, and layers may lie in buffers of
+# their own: EXPECTED says which bytes of its layer's buffer block b owns.
+SHAPED_CHECK = '''
+    def buffer_bytes(tensor, byte_runs):
+        pointer = tensor.untyped_storage().data_ptr()
+        return {(pointer, byte) for start, end in byte_runs for byte in range(start, end)}
+
+    expected = EXPECTED[release_contract()]
+    owned = {block: set().union(*(buffer_bytes(view, want["blocks"][block]) for layer, tensors in expected.items()
+                                  for view, want in zip(as_list(kv_caches[layer]), tensors)))
+             for block in range(NUM_BLOCKS)}
+    for block in BLOCKS:
+        region = set().union(*(buffer_bytes(entry.tensor, runs(byte_offsets(entry.tensor[block]))) for entry in registered.tensors))
+        others = set().union(*(owned[other] for other in range(NUM_BLOCKS) if other != block))
+        foreign = sorted(byte for _, byte in region & others)
+        assert not foreign, f"block {block}: the region holds bytes {runs(foreign)} of other blocks"
+        missed = sorted(byte for _, byte in owned[block] - region)
+        assert not missed, f"block {block}: the region misses bytes {runs(missed)} of it"
+'''
+
+
+# Each layer's attention backend, as the module's attention groups hold them.
+BACKENDS = "{name: group.backend for per_group in attn_groups for group in per_group for name in group.layer_names}"
 
 
 def connector_test(finding: FindingFile, reach: Reach | None) -> Module:
     case = finding.case
     if "offload" not in (case.touches.consumers if case.touches else ()):
         raise NoTemplate("the connector exporter covers the offloading connector only")
-    group = runner_steps.check_case(finding)
+    groups = runner_steps.check_groups(finding) if finding.layout_placed else None
+    if groups is None:
+        shaped_steps.check_case(finding)
     titles = {"region-mismatch": f"the offloading connector's region for a block is not that block's bytes ({case.layout})",
               "refused-valid": "the offloading connector raises on the caches of a model vLLM runs",
               "crash-on-valid": "the offloading connector crashes on the caches of a model vLLM runs"}
@@ -60,11 +120,24 @@ def connector_test(finding: FindingFile, reach: Reach | None) -> Module:
             "crash-on-valid": "the offloading connector must register the caches of a model vLLM runs (it crashes instead)."}
     module.add(docstring(finding, reach, what[finding.kind]))
     blocks = list(case.touches.blocks) if case.touches and case.touches.blocks else list(range(case.num_blocks))
-    module.add(runner_steps.constants(finding, group) + f"\nBLOCKS = {blocks}  # the blocks whose regions are checked")
-    module.add(CONFIG_FIXTURE, "VllmConfig", "set_current_vllm_config", "current_platform")
+    constants = runner_steps.constants(finding, groups) if groups is not None else shaped_steps.constants(finding)
+    module.add(constants + f"\nBLOCKS = {blocks}  # the blocks whose regions are checked")
     module.add(BYTE_HELPERS)
-    module.add(RECORDING_SPEC)
-    body = runner_steps.steps(finding, reach, module)
+    module.add(RECORDING_SPEC, "OffloadingConnectorWorker", "AttentionLayerBase")
+    if groups is None:
+        module.add(AS_LIST)
     name = "test_offloading_connector_registers_each_block_exactly"
-    module.add(f"def {name}(vllm_config, monkeypatch):\n{body}\n\n" + CHECK.strip("\n"), "OffloadingConnectorWorker")
+    if groups is not None:
+        module.add(CONFIG_FIXTURE, "VllmConfig", "set_current_vllm_config", "current_platform")
+        body = runner_steps.steps(finding, reach, module)
+        check, gate = PLACED_CHECK, ""
+    else:
+        body = shaped_steps.walk(finding, module)
+        module.add(expected_literal(finding, blocks=list(range(case.num_blocks))))
+        check, gate = SHAPED_CHECK, view_rules.add_contract_gate(module, finding, shaped_steps.PROBE)
+    register = REGISTER.strip("\n") + f"\n    layers_in_forward_context(vllm_config, {BACKENDS})\n"
+    register += "    connector.register_kv_caches(kv_caches)" if not case.kv_sharing else (
+        "    # The runner hands connectors each KV-sharing layer with its target's cache.\n"
+        "    connector.register_kv_caches({**kv_caches, **{layer: kv_caches[target] for layer, target in SHARED_LAYERS.items()}})")
+    module.add(f"def {name}(vllm_config, monkeypatch):\n{gate}{body}\n\n{register}\n\n{RULE.strip(chr(10))}\n{check.strip(chr(10))}")
     return module

@@ -39,6 +39,7 @@ WHERE: dict[str, tuple[str, ...]] = {
     "_allocate_kv_cache": (V2_ATTN_UTILS,),
     "_reshape_kv_cache": (V2_ATTN_UTILS,),
     "GPUModelRunner": ("vllm.v1.worker.gpu_model_runner",),
+    "CPUModelRunner": ("vllm.v1.worker.cpu_model_runner",),
     "KVCacheGroupSpec": (INTERFACE,),
     "UniformTypeKVCacheSpecs": (INTERFACE,),
     "KVQuantMode": (INTERFACE,),
@@ -51,6 +52,7 @@ WHERE: dict[str, tuple[str, ...]] = {
     "get_kv_cache_layout": ("vllm.v1.attention.backends.utils",),
     "map_kv_caches_to_kernel_blocks": (WORKER_UTILS,),
     "prepare_kernel_block_sizes": (WORKER_UTILS,),
+    "AttentionLayerBase": ("vllm.model_executor.layers.attention_layer_base",),
     "OffloadingConnectorWorker": ("vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker",),
 }
 
@@ -66,6 +68,7 @@ OPTIONAL: dict[str, str] = {
     "_reshape_kv_cache": "the V2 model runner's _reshape_kv_cache (vLLM 0.19 - 0.28; 0.29 replaced it with allocate_kv_cache)",
     "_allocate_kv_cache": "the V2 model runner's _allocate_kv_cache (vLLM 0.19 - 0.28)",
     "GPUModelRunner": "the V1 model runner (vllm/v1/worker/gpu_model_runner.py, gone in 0.34)",
+    "CPUModelRunner": "the CPU model runner of vllm/v1/worker/cpu_model_runner.py (gone in 0.34, which zeroes through CPUKVBlockZeroer)",
     "allocate_kv_cache": "the allocation by KVCacheLayout (vLLM 0.29+)",
     "KVCacheLayout": "the KVCacheLayout names (vLLM 0.29+)",
     "get_supported_kv_cache_layouts": "the backends' supported KVCacheLayouts (vLLM 0.29+)",

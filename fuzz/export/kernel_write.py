@@ -31,7 +31,7 @@ def kernel_write_test(finding: FindingFile, reach: Reach | None) -> Module:
     module = Module(title=f"{group.backend}'s cache write breaks on the {case.layout} layout vLLM accepts for it")
     module.add(docstring(finding, reach, f"{group.backend}'s cache write must put token {position} of block {block} where the "
                                          "layer's view puts it (or vLLM must refuse the layout)."))
-    module.add(runner_steps.constants(finding, group) + f"\nBLOCK, POSITION = {block}, {position}  # the token written"
+    module.add(runner_steps.constants(finding, [group]) + f"\nBLOCK, POSITION = {block}, {position}  # the token written"
                f"\nKV_LORA_RANK, ROPE_DIM = {rank}, {rope}")
     module.add(CONFIG_FIXTURE, "VllmConfig", "set_current_vllm_config", "current_platform")
     body = runner_steps.steps(finding, reach, module, refusal_ok=True)

@@ -20,14 +20,16 @@ PROBE = '''
 
 def placed_views_test(finding: FindingFile, reach: Reach | None) -> Module:
     case = finding.case
-    group = runner_steps.check_case(finding, synthetic=True)
+    groups = runner_steps.check_groups(finding, synthetic=True)
     module = Module(title=view_rules.title(finding, f"vLLM's KV-cache allocation ({case.layout})"))
     module.add(docstring(finding, reach, view_rules.what(finding)))
-    module.add(runner_steps.constants(finding, group))
+    module.add(runner_steps.constants(finding, groups))
     module.add(CONFIG_FIXTURE, "VllmConfig", "set_current_vllm_config", "current_platform")
-    if group.synthetic_backend is not None:
-        module.add(runner_steps.synthetic_class(group.synthetic_backend, module))
+    for group in groups:
+        if group.synthetic_backend is not None:
+            module.add(runner_steps.synthetic_class(group, module))
     body = runner_steps.steps(finding, reach, module, kernel_map=True)
     verb = "refuses" if finding.kind in INVALID_KINDS else "places"
-    view_rules.add_check(module, finding, f"test_allocation_{verb}_{case.layout.lower()}_{group.spec.kind}_caches", body, PROBE)
+    kinds = "_".join(dict.fromkeys(group.spec.kind for group in groups))
+    view_rules.add_check(module, finding, f"test_allocation_{verb}_{case.layout.lower()}_{kinds}_caches", body, PROBE)
     return module

@@ -11,6 +11,7 @@ from fuzz.case import Case, GroupCase, SyntheticBackend
 from fuzz.export.code import Module, NoTemplate, indent, layer_names, layout_lines, one_group, spec_call, spec_names
 from fuzz.export.finding import FindingFile
 from fuzz.export.reach import Reach
+from fuzz.targets.synthetic import published_state
 
 # What the steps use from vLLM.
 NAMES = ("AttentionBackendEnum", "customize_attention_spec", "get_supported_kv_cache_layouts", "resolve_kv_cache_layout",
@@ -30,17 +31,37 @@ def quoted(text: str) -> str:
     return json.dumps(text)
 
 
-def check_case(finding: FindingFile, synthetic: bool = False) -> GroupCase:
-    """The case's one KV-cache group; NoTemplate where no exporter writes the case. `synthetic`: the template writes
-    a synthetic backend as a platform's own backend class in the module."""
+def check_groups(finding: FindingFile, synthetic: bool = False) -> list[GroupCase]:
+    """The case's KV-cache groups; NoTemplate where no exporter writes the case. Each group has a shipped backend or is a
+    Mamba group; `synthetic`: one group may instead have a synthetic backend, which the template writes as a platform's
+    own backend class in the module."""
     case = finding.case
     if not finding.layout_placed:
         raise NoTemplate("exporters drive the allocation of vLLM 0.29+ (KVCacheLayout) only; this finding is older")
     if case.packing not in ("none", "uniform_type") or case.runner != "v2" or case.platform != "cuda" or case.spec_source != "case":
         raise NoTemplate(f"no exporter writes {case.describe()} yet (runner, packing, platform or vLLM-built specs)")
     if synthetic and len(case.groups) == 1 and case.groups[0].synthetic_backend is not None:
-        return case.groups[0]
-    return one_group(case)
+        return list(case.groups)
+    if len(case.groups) == 1:
+        return [one_group(case)]
+    for group in case.groups:
+        if group.synthetic_backend is not None and not synthetic:
+            raise NoTemplate("this exporter writes no synthetic backend beside other KV-cache groups")
+        if group.synthetic_backend is None and group.backend is None and group.spec.kind != "mamba":
+            raise NoTemplate("an attention group without a backend")
+        if group.layer_heads:
+            raise NoTemplate("no exporter builds a model of several KV-cache groups whose layers differ in size yet")
+    if case.kv_sharing:
+        raise NoTemplate("no exporter builds KV-sharing layers in a model of several KV-cache groups yet")
+    return list(case.groups)
+
+
+def check_case(finding: FindingFile, synthetic: bool = False) -> GroupCase:
+    """The case's one KV-cache group (check_groups)."""
+    groups = check_groups(finding, synthetic)
+    if len(groups) != 1:
+        raise NoTemplate("this exporter writes models of one KV-cache group only")
+    return groups[0]
 
 
 def kernel_sizes(sizes: tuple[int | str, ...]) -> str:
@@ -48,15 +69,24 @@ def kernel_sizes(sizes: tuple[int | str, ...]) -> str:
     return "[" + ", ".join(f"MultipleOf({size[1:]})" if isinstance(size, str) else str(size) for size in sizes) + "]"
 
 
-def synthetic_class(backend: SyntheticBackend, module: Module) -> str:
-    """A synthetic backend as the class a platform would register: the kernel block sizes and layouts it declares;
-    it keeps the spec it is given."""
+def synthetic_class(group: GroupCase, module: Module) -> str:
+    """A group's synthetic backend as the class a platform would register: the kernel block sizes and layouts it
+    declares; it keeps the spec it is given, publishing the state bytes of a packed or scaled cache as a backend of its
+    release must (fuzz/targets/synthetic.py), where the release's spec class has the field."""
+    backend = group.synthetic_backend
+    assert backend is not None
     module.names.update(("AttentionBackend", "MultipleOf"))
     if backend.layouts is None:
         layouts = "None  # no preference: vLLM's default order"
     else:
         module.names.add("KVCacheLayout")
         layouts = "(" + "".join(f"KVCacheLayout.{name}, " for name in backend.layouts).rstrip(" ") + ")"
+    content = published_state(group.spec).state_content_bytes if group.spec.state_content_bytes is None else None
+    if content is None:
+        customize = "return spec"
+    else:
+        customize = (f"# The bytes one state (token) of a {group.spec.cache_dtype} cache holds, published as its backend must.\n"
+                     f"        return dataclasses.replace(spec, **held_by(type(spec), state_content_bytes={content}))")
     return class_head(backend, "the kernel block sizes and KV-cache layouts it declares; its spec is the model's") + f'''
     @classmethod
     def supported_kv_cache_layouts(cls):
@@ -64,7 +94,7 @@ def synthetic_class(backend: SyntheticBackend, module: Module) -> str:
 
     @classmethod
     def customize_spec(cls, spec):
-        return spec
+        {customize}
 '''
 
 
@@ -125,12 +155,20 @@ def backend_class_name(backend: SyntheticBackend) -> str:
     return "Synthetic" + backend.name.title().replace("_", "") + "Backend"
 
 
-def constants(finding: FindingFile, group: GroupCase) -> str:
+def constants(finding: FindingFile, groups: list[GroupCase]) -> str:
     case = finding.case
     names = layer_names(case)
-    backend = group.backend if group.synthetic_backend is None else group.synthetic_backend.registered_name
-    lines = [f'BACKEND = "{backend}"', f"NUM_BLOCKS = {case.num_blocks}",
-             f"LAYERS = [{', '.join(quoted(names[n]) for n in group.layers)}]"]
+    if len(groups) == 1:
+        (group,) = groups
+        backend = group.backend if group.synthetic_backend is None else group.synthetic_backend.registered_name
+        lines = [f'BACKEND = "{backend}"', f"NUM_BLOCKS = {case.num_blocks}",
+                 f"LAYERS = [{', '.join(quoted(names[n]) for n in group.layers)}]"]
+    else:
+        lines = [f"NUM_BLOCKS = {case.num_blocks}"]
+        for index, group in enumerate(groups):
+            lines.append(f"LAYERS_{index} = [{', '.join(quoted(names[n]) for n in group.layers)}]  # KV-cache group {index}: {group.spec.kind}")
+            if group.backend is not None and group.synthetic_backend is None:
+                lines.append(f"BACKEND_{index} = {quoted(group.backend)}")
     if case.kv_sharing:
         lines += ["# Each KV-sharing layer and the layer whose cache it reads.",
                   "SHARED_LAYERS = {" + ", ".join(f"{quoted(names[s])}: {quoted(names[t])}" for s, t in case.kv_sharing) + "}"]
@@ -143,8 +181,51 @@ def steps(finding: FindingFile, reach: Reach | None, module: Module, refusal_ok:
     kernel-block views the runner binds to layers where vLLM maps them (0.32+: map_kv_caches_to_kernel_blocks), and the
     manager views elsewhere. A synthetic backend is the module's class of synthetic_class."""
     case = finding.case
-    group = check_case(finding, synthetic=True)
-    module.names.update(NAMES + spec_names(spec_call(group.spec)))
+    groups = check_groups(finding, synthetic=True)
+    module.names.update(NAMES)
+    if len(groups) == 1:
+        lines, backends, group_specs = _one_group_specs(groups[0], module)
+    else:
+        lines, backends, group_specs = _group_specs(groups, module)
+    override = layout_override(reach, case)
+    resolve = layout_lines(backends, "layer_specs.values()", override)
+    if refusal_ok:
+        resolve_lines = resolve.splitlines()
+        lines += resolve_lines[:-1] + ["try:", "    " + resolve_lines[-1], "except ValueError:",
+                                       "    return  # vLLM refuses the layout for this backend up front: nothing reaches the code below"]
+    else:
+        lines += resolve.splitlines()
+    lines += [f"kv_cache_config = get_kv_cache_config_from_groups(vllm_config, {group_specs}, 1 << 30)",
+              "assert kv_cache_config.num_blocks == NUM_BLOCKS", "",
+              "# The model runner's steps (init_attn_backend and init_kv_cache, vllm/v1/worker/gpu/attn_utils.py)."]
+    if len(groups) == 1:
+        lines += _one_group_attention(case, module)
+    else:
+        lines += ["attn_groups = ["]
+        lines += [f"    [AttentionGroup(backend=backend_{i}, layer_names=LAYERS_{i}, kv_cache_spec=spec_{i}, kv_cache_group_id={i})],"
+                  if group.spec.kind != "mamba" else "    [],  # a Mamba group: no attention backend takes part in its views"
+                  for i, group in enumerate(groups)]
+        lines += ["]"]
+    lines += ["kernel_block_sizes = prepare_kernel_block_sizes(kv_cache_config, attn_groups)",
+              'kv_caches = allocate_kv_cache(kv_cache_config, torch.device("cpu"), layout, kernel_block_sizes)']
+    if case.kv_sharing:
+        lines += ["for layer, target in SHARED_LAYERS.items():", "    kv_caches[layer] = kv_caches[target]"]
+    if kernel_map:
+        module.names.update(("map_kv_caches_to_kernel_blocks", "select_common_block_size"))
+        lines += ["if map_kv_caches_to_kernel_blocks is not None:",
+                  "    # Each attention group's kernel block size, as create_metadata_builders picks it, then the views layers bind.",
+                  "    for group_id, per_group in enumerate(attn_groups):",
+                  "        for group in per_group:",
+                  "            size = select_common_block_size(kernel_block_sizes[group_id], [group.backend], [group.kv_cache_spec])",
+                  "            if size != group.kv_cache_spec.block_size:",
+                  "                group.kernel_block_size = size",
+                  "    kv_caches = map_kv_caches_to_kernel_blocks(kv_caches, [group for per_group in attn_groups for group in per_group])"]
+    return indent("\n".join(lines))
+
+
+def _one_group_specs(group: GroupCase, module: Module) -> tuple[list[str], str, str]:
+    """The lines that build one group's backend, layer specs and group spec; the backends and the groups' specs as code."""
+    module.names.update(spec_names(spec_call(group.spec)))
     if group.synthetic_backend is not None:
         lines = [f"backend = {backend_class_name(group.synthetic_backend)}"]
     else:
@@ -158,39 +239,39 @@ def steps(finding: FindingFile, reach: Reach | None, module: Module, refusal_ok:
     else:
         lines += [f"spec = customize_attention_spec(backend, {spec_call(group.spec)})",
                   "layer_specs = dict.fromkeys(LAYERS, spec)", "group_spec = spec"]
-    override = layout_override(reach, case)
-    resolve = layout_lines("[backend]", "layer_specs.values()", override)
-    if refusal_ok:
-        resolve_lines = resolve.splitlines()
-        lines += resolve_lines[:-1] + ["try:", "    " + resolve_lines[-1], "except ValueError:",
-                                       "    return  # vLLM refuses the layout for this backend up front: nothing reaches the code below"]
-    else:
-        lines += resolve.splitlines()
-    lines += ["kv_cache_config = get_kv_cache_config_from_groups(vllm_config, [KVCacheGroupSpec(LAYERS, group_spec)], 1 << 30)",
-              "assert kv_cache_config.num_blocks == NUM_BLOCKS", "",
-              "# The model runner's steps (init_attn_backend and init_kv_cache, vllm/v1/worker/gpu/attn_utils.py)."]
+    return lines, "[backend]", "[KVCacheGroupSpec(LAYERS, group_spec)]"
+
+
+def _group_specs(groups: list[GroupCase], module: Module) -> tuple[list[str], str, str]:
+    """_one_group_specs for several groups: each attention group's backend and spec, each Mamba group's spec."""
+    lines: list[str] = []
+    for index, group in enumerate(groups):
+        call = spec_call(group.spec)
+        module.names.update(spec_names(call))
+        if group.synthetic_backend is not None:
+            lines.append(f"backend_{index} = {backend_class_name(group.synthetic_backend)}")
+        elif group.backend is not None:
+            lines += shipped_backend(f"backend_{index}", f"BACKEND_{index}", group.backend, module)
+        else:
+            lines.append(f"spec_{index} = {call}")
+            continue
+        lines.append(f"spec_{index} = customize_attention_spec(backend_{index}, {call})")
+    lines.append("layer_specs = {" + ", ".join(f"**dict.fromkeys(LAYERS_{i}, spec_{i})" for i in range(len(groups))) + "}")
+    attention = [i for i, group in enumerate(groups) if group.backend is not None or group.synthetic_backend is not None]
+    backends = "[" + ", ".join(f"backend_{i}" for i in attention) + "]"
+    return lines, backends, "[" + ", ".join(f"KVCacheGroupSpec(LAYERS_{i}, spec_{i})" for i in range(len(groups))) + "]"
+
+
+def _one_group_attention(case: Case, module: Module) -> list[str]:
+    """The attention groups the runner forms for one KV-cache group: one per layer spec (KV-sharing layers join their target's)."""
     attention = "{}\nfor layer, spec_of_layer in layer_specs.items():\n    attention_layers.setdefault(spec_of_layer, []).append(layer)"
     if case.kv_sharing:
         module.names.add("add_kv_sharing_layers_to_kv_cache_groups")
-        lines += ["add_kv_sharing_layers_to_kv_cache_groups(SHARED_LAYERS, kv_cache_config.kv_cache_groups)",
-                  "attention_layers = " + attention,
-                  "for layer, target in SHARED_LAYERS.items():  # a sharing layer joins its target's attention group",
-                  "    attention_layers[layer_specs[target]].append(layer)"]
+        lines = ["add_kv_sharing_layers_to_kv_cache_groups(SHARED_LAYERS, kv_cache_config.kv_cache_groups)",
+                 "attention_layers = " + attention,
+                 "for layer, target in SHARED_LAYERS.items():  # a sharing layer joins its target's attention group",
+                 "    attention_layers[layer_specs[target]].append(layer)"]
     else:
-        lines.append("attention_layers = " + attention)
-    lines += ["attn_groups = [[AttentionGroup(backend=backend, layer_names=names, kv_cache_spec=spec_of_layer, kv_cache_group_id=0)",
-              "                for spec_of_layer, names in attention_layers.items()]]",
-              "kernel_block_sizes = prepare_kernel_block_sizes(kv_cache_config, attn_groups)",
-              'kv_caches = allocate_kv_cache(kv_cache_config, torch.device("cpu"), layout, kernel_block_sizes)']
-    if case.kv_sharing:
-        lines += ["for layer, target in SHARED_LAYERS.items():", "    kv_caches[layer] = kv_caches[target]"]
-    if kernel_map:
-        module.names.update(("map_kv_caches_to_kernel_blocks", "select_common_block_size"))
-        lines += ["if map_kv_caches_to_kernel_blocks is not None:",
-                  "    # Each attention group's kernel block size, as create_metadata_builders picks it, then the views layers bind.",
-                  "    for group in attn_groups[0]:",
-                  "        size = select_common_block_size(kernel_block_sizes[0], [group.backend], [group.kv_cache_spec])",
-                  "        if size != group.kv_cache_spec.block_size:",
-                  "            group.kernel_block_size = size",
-                  "    kv_caches = map_kv_caches_to_kernel_blocks(kv_caches, attn_groups[0])"]
-    return indent("\n".join(lines))
+        lines = ["attention_layers = " + attention]
+    return lines + ["attn_groups = [[AttentionGroup(backend=backend, layer_names=names, kv_cache_spec=spec_of_layer, kv_cache_group_id=0)",
+                    "                for spec_of_layer, names in attention_layers.items()]]"]
