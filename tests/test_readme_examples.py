@@ -39,7 +39,7 @@ STARTUP_SECONDS = 40.0  # a campaign still running this long after it started ha
 # unmutated tree once its target is up. A campaign is stopped this long after it: its options, target and corpus were
 # all accepted by then.
 RUNNING = re.compile(r"kvfuzz: (\d+ cases, |target up in .* tracing the unmutated tree's cases|.*, atheris on \w+, seed )")
-RUNNING_SECONDS = 3.0
+RUNNING_SECONDS = 1.0
 
 
 def readme_commands() -> list[str]:

@@ -1,0 +1,87 @@
+"""Every module `kvfuzz export corpus` writes, run per release without kvfuzz: it fails exactly where its finding's case
+fails (a file of its own so that its sessions, one vLLM import each, run beside test_export.py's under xdist)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fuzz.export.code import NoTemplate
+from fuzz.export.finding import read_finding
+from fuzz.export.reach import reach_of
+from fuzz.export.templates import export
+from tests.test_export import FINDINGS, _release_tree
+
+# One release per contract the exported view modules tell apart, and the newest: on each, every module `kvfuzz export
+# corpus` writes runs in one pytest session without kvfuzz, as a fork's regression suite runs them.
+CORPUS_RELEASES = ["0.20.0", "0.21.0", "0.22.0", "0.23.0", "0.24.0", "0.27.0", "0.29.0", "0.32.0", "0.34.0"]
+# What the corpus replay (scripts/findings_table.py) saw on each release, per corpus file: where the case fails with
+# its own signature the module must fail; where it fails with another (another bug of the same case, perhaps in a
+# function this module does not call) the module fails or skips; everywhere else it passes or skips.
+REPLAY = FINDINGS.parent.parent / "docs" / "findings-replay.json"
+ALLOWED = {"fails": {"fail"}, "other": {"fail", "skip"}}
+# Backends whose modules need a package or extension this environment cannot have (torchvision: PyPI's builds break
+# beside the CPU torch; vllm_flash_attn's CUDA kernels): their modules skip here, naming the missing module.
+CANNOT_IMPORT_HERE = {"TRITON_MSA", "FLASH_ATTN_MLA_SPARSE"}
+
+
+# The 0.29+ view check is no test that cannot pass: finding 0a7967da01d8's case in the layout vLLM handles (LBNHC, three
+# blocks, each split into two kernel blocks) runs beside the corpus and passes on 0.29.0 (manager views) and 0.32.0
+# (kernel-block views).
+RIGHT_VIEWS_ON = ("0.29.0", "0.32.0")
+
+
+def views_vllm_places_right(folder: Path) -> str:
+    data = json.loads((FINDINGS / "0a7967da01d8-8508129e4b9fb775.json").read_text())
+    data["case"].update(layout="LBNHC", num_blocks=3)
+    path = folder / "variant.json"
+    path.write_text(json.dumps(data))
+    found = read_finding(path)
+    module = export(found, reach_of(found.case, found.meta, None))
+    assert '"kernel_blocks": (2, 2)' in module.source
+    (folder / module.file_name).write_text(module.source)
+    return module.file_name
+
+
+@pytest.fixture(scope="module")
+def exported_corpus(tmp_path_factory):
+    """Every module `kvfuzz export corpus` writes, by file name, with its finding; and a folder for the control module."""
+    folder = tmp_path_factory.mktemp("exported")
+    modules = {}
+    for path in sorted(FINDINGS.glob("*.json")):
+        found = read_finding(path)
+        try:
+            module = export(found, reach_of(found.case, found.meta, None))
+        except NoTemplate:
+            continue
+        (folder / module.file_name).write_text(module.source)
+        modules[module.file_name] = found
+    return folder, modules, tmp_path_factory.mktemp("control")
+
+
+@pytest.mark.slow
+@pytest.mark.releases
+@pytest.mark.parametrize("version", CORPUS_RELEASES)
+def test_every_exported_module_fails_exactly_on_the_releases_its_finding_affects(version, exported_corpus):
+    from fuzz.export.isolated import run_isolated_many
+
+    folder, modules, control_folder = exported_corpus
+    paths = [folder / name for name in modules]
+    control = views_vllm_places_right(control_folder) if version in RIGHT_VIEWS_ON else None
+    if control is not None:
+        paths.append(control_folder / control)
+    replay = json.loads(REPLAY.read_text())["files"]
+    outcomes = run_isolated_many(paths, _release_tree(version))
+    assert control is None or outcomes.pop(control) == "pass"
+    wrong = {}
+    for name, found in modules.items():
+        status = replay[f"corpus/findings/{found.path.name}"][version]["status"]
+        allowed = ALLOWED.get(status, {"pass", "skip"})
+        if {group.backend for group in found.case.groups} & CANNOT_IMPORT_HERE:
+            allowed = allowed | {"skip"}
+        if outcomes[name] not in allowed:
+            wrong[name] = f"{outcomes[name]}, but the replay of {found.path.name} on {version}: {status}"
+    assert not wrong
+    assert "fail" in outcomes.values()  # every release here carries findings: a run where all skip ran nothing
