@@ -51,8 +51,9 @@ def check_groups(finding: FindingFile, synthetic: bool = False) -> list[GroupCas
             raise NoTemplate("an attention group without a backend")
         if group.layer_heads:
             raise NoTemplate("no exporter builds a model of several KV-cache groups whose layers differ in size yet")
-    if case.kv_sharing:
-        raise NoTemplate("no exporter builds KV-sharing layers in a model of several KV-cache groups yet")
+    if case.kv_sharing or case.packing != "none":
+        raise NoTemplate("no exporter builds KV-sharing layers or UniformTypeKVCacheSpecs groups in a model of several "
+                         "KV-cache groups yet")
     return list(case.groups)
 
 
@@ -85,7 +86,7 @@ def synthetic_class(group: GroupCase, module: Module) -> str:
     if content is None:
         customize = "return spec"
     else:
-        customize = (f"# The bytes one state (token) of a {group.spec.cache_dtype} cache holds, published as its backend must.\n"
+        customize = (f"# The bytes one state (token) of the {group.spec.cache_dtype} cache holds, published as its backend must.\n"
                      f"        return dataclasses.replace(spec, **held_by(type(spec), state_content_bytes={content}))")
     return class_head(backend, "the kernel block sizes and KV-cache layouts it declares; its spec is the model's") + f'''
     @classmethod
