@@ -85,3 +85,21 @@ def test_every_exported_module_fails_exactly_on_the_releases_its_finding_affects
             wrong[name] = f"{outcomes[name]}, but the replay of {found.path.name} on {version}: {status}"
     assert not wrong
     assert "fail" in outcomes.values()  # every release here carries findings: a run where all skip ran nothing
+
+
+@pytest.mark.slow
+@pytest.mark.releases
+def test_the_cpu_zeroing_modules_pass_on_the_release_that_fixed_them(tmp_path):
+    """#17 and #29 are fixed in 0.34 (the CPU runner zeroes through CPUKVBlockZeroer): their modules run that zeroer there
+    and pass, where they fail on 0.29 - 0.33."""
+    from fuzz.export.isolated import run_isolated_many
+
+    paths = []
+    for stem in ("0e0bf1928823-1484f0ae90990517", "0c4c97c48f4c-e88780287632ed2b"):  # #17, #29
+        found = read_finding(FINDINGS / f"{stem}.json")
+        module = export(found, reach_of(found.case, found.meta, None))
+        assert "CPUKVBlockZeroer(" in module.source
+        paths.append(tmp_path / module.file_name)
+        paths[-1].write_text(module.source)
+    outcomes = run_isolated_many(paths, _release_tree("0.34.0"))
+    assert set(outcomes.values()) == {"pass"}, outcomes

@@ -1,5 +1,6 @@
-"""Template: the CPU model runner zeroing block b (`CPUModelRunner._zero_block_ids` on vLLM 0.29+'s views) must clear
-every byte block b owns in each full-attention layer and change no byte outside block b (`zero-miss` / `zero-escape`)."""
+"""Template: the CPU model runner zeroing block b (`CPUModelRunner._zero_block_ids` on vLLM 0.29 - 0.33's views, 0.34's
+`CPUKVBlockZeroer`, where the fix shows) must clear every byte block b owns in each full-attention layer and change no
+byte outside block b (`zero-miss` / `zero-escape`)."""
 
 from __future__ import annotations
 
@@ -22,14 +23,23 @@ RUNNER = '''
             self.kv_cache = kv_cache
 
 
-    def cpu_runner(kv_cache_config, kv_caches):
-        """A CPUModelRunner built as vLLM's worker tests build one (object.__new__ and only what _zero_block_ids reads),
-        its layers bound to `kv_caches`."""
-        runner = object.__new__(CPUModelRunner)
-        runner.kv_cache_config = kv_cache_config
+    def zero_block(kv_cache_config, kv_caches, attn_groups, kernel_block_sizes, block):
+        """The CPU runner of this release zeroing `block`, its layers bound to `kv_caches`: CPUModelRunner._zero_block_ids
+        on a runner built as vLLM's worker tests build one (object.__new__ and only what the method reads), or, from
+        0.34, the CPUKVBlockZeroer the runner builds."""
         layers = {name: BoundLayer(view) for name, view in kv_caches.items()}
-        runner.compilation_config = types.SimpleNamespace(static_forward_context=layers)
-        return runner
+        if CPUModelRunner is not None:
+            runner = object.__new__(CPUModelRunner)
+            runner.kv_cache_config = kv_cache_config
+            runner.compilation_config = types.SimpleNamespace(static_forward_context=layers)
+            runner._zero_block_ids([block])
+        elif CPUKVBlockZeroer is not None:
+            zeroer = CPUKVBlockZeroer(torch.device("cpu"), attn_groups_iter=(group for groups in attn_groups for group in groups),
+                                      kernel_block_sizes=kernel_block_sizes, static_forward_context=layers,
+                                      num_blocks=kv_cache_config.num_blocks)
+            zeroer.zero_block_ids([block])
+        else:
+            pytest.skip("this vLLM has no CPU block zeroer kvfuzz knows")
 
 
     def backing_bytes(kv_caches):
@@ -68,14 +78,14 @@ def cpu_zero_test(finding: FindingFile, reach: Reach | None) -> Module:
     module.add(RUNNER)
     module.add(zeroing_literal(finding, block))
     body = runner_steps.steps(finding, reach, module, kernel_map=True)
-    module.names.add("CPUModelRunner")
+    module.names.update(("CPUModelRunner", "CPUKVBlockZeroer"))
     check = "\n".join([
         "if not getattr(kv_cache_config, \"needs_kv_cache_zeroing\", True):",
         "    pytest.skip(\"vLLM zeroes no block of this model (KVCacheConfig.needs_kv_cache_zeroing is False)\")",
         "raw = backing_bytes(kv_caches)",
         "raw.copy_(torch.randint(1, 256, (raw.numel(),), generator=torch.Generator().manual_seed(0), dtype=torch.uint8))",
         "before = raw.clone()",
-        "cpu_runner(kv_cache_config, kv_caches)._zero_block_ids([BLOCK])",
+        "zero_block(kv_cache_config, kv_caches, attn_groups, kernel_block_sizes, BLOCK)",
         "",
         view_rules.comment(RULE.format(block=block)),
         "want = ZEROING[release_contract()]",
@@ -101,7 +111,10 @@ def zeroing_literal(finding: FindingFile, block: int) -> str:
         expected = expectation(finding, contract)
         if not expected.accepted:
             raise NoTemplate(f"the oracle rejects the case under {contract} ({expected.reject_reason}): nothing to zero")
-        must = touch.owned(expected, touch.zeroed_layers(finding.case, expected, "cpu-zero"), block)
+        layers = touch.zeroed_layers(finding.case, expected, "cpu-zero")
+        if layers != touch.zeroed_layers(finding.case, expected, "cpu-zeroer"):
+            raise NoTemplate("0.34's CPUKVBlockZeroer clears other layers than the CPU runner before it, for this case")
+        must = touch.owned(expected, layers, block)
         may = touch.tile(finding.case, expected, block)
         if set(must) | set(may) != {0}:
             raise NoTemplate("the zeroing exporter expects one backing buffer (vLLM 0.29+)")

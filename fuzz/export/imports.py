@@ -40,6 +40,7 @@ WHERE: dict[str, tuple[str, ...]] = {
     "_reshape_kv_cache": (V2_ATTN_UTILS,),
     "GPUModelRunner": ("vllm.v1.worker.gpu_model_runner",),
     "CPUModelRunner": ("vllm.v1.worker.cpu_model_runner",),
+    "CPUKVBlockZeroer": ("vllm.v1.worker.cpu.utils",),
     "KVCacheGroupSpec": (INTERFACE,),
     "UniformTypeKVCacheSpecs": (INTERFACE,),
     "KVQuantMode": (INTERFACE,),
@@ -68,7 +69,6 @@ OPTIONAL: dict[str, str] = {
     "_reshape_kv_cache": "the V2 model runner's _reshape_kv_cache (vLLM 0.19 - 0.28; 0.29 replaced it with allocate_kv_cache)",
     "_allocate_kv_cache": "the V2 model runner's _allocate_kv_cache (vLLM 0.19 - 0.28)",
     "GPUModelRunner": "the V1 model runner (vllm/v1/worker/gpu_model_runner.py, gone in 0.34)",
-    "CPUModelRunner": "the CPU model runner of vllm/v1/worker/cpu_model_runner.py (gone in 0.34, which zeroes through CPUKVBlockZeroer)",
     "allocate_kv_cache": "the allocation by KVCacheLayout (vLLM 0.29+)",
     "KVCacheLayout": "the KVCacheLayout names (vLLM 0.29+)",
     "get_supported_kv_cache_layouts": "the backends' supported KVCacheLayouts (vLLM 0.29+)",
@@ -82,6 +82,8 @@ OPTIONAL: dict[str, str] = {
 # Names only some releases have, None elsewhere: the test runs that step only where the release has it.
 NONE_WHERE_MISSING: dict[str, str] = {
     "map_kv_caches_to_kernel_blocks": "vLLM 0.32+ binds kernel-block views to layers",
+    "CPUModelRunner": "vllm/v1/worker/cpu_model_runner.py, gone in 0.34",
+    "CPUKVBlockZeroer": "the CPU runner's block zeroer of vLLM 0.34+",
 }
 
 
