@@ -136,7 +136,7 @@ def test_a_cpu_zeroing_module_expects_the_whole_manager_block_cleared():
     found = read_finding(FINDINGS / "f92d5951ceca-48e032ba503b2c5b.json")
     source = export(found, None).source
     assert '"placed-0.32": {"must_clear": [(1024, 2048)], "may_change": [(1024, 2048)]}' in source
-    assert "cpu_runner(kv_cache_config, kv_caches)._zero_block_ids([BLOCK])" in source
+    assert "zero_block(kv_cache_config, kv_caches, attn_groups, kernel_block_sizes, BLOCK)" in source
     assert "    [],  # a Mamba group: no attention backend takes part in its views" in source
     # #29: CPU_MLA (16 tokens x 3 x bfloat16: a 96-byte page) and AMX_MLA (32 x 453 x float16: 28,992 bytes) in a
     # block-outermost pool: both views start at byte 0 of block 0, whose row is the larger page.
