@@ -29,7 +29,7 @@ CASES = {10: "d12a95e7e436-8b1b57b9bc44668c", 18: "047a3fda9528-b920c268ecdc4248
 LAYOUTS_034 = {"CPU_ATTN": ("LBHNC",), "ROCM_SEGMENTED_ATTN": ("LHBNC", "LBHNC"), "CPU_MLA": None}
 ALLOWED_IMPORTS = {"copy", "dataclasses", "importlib", "inspect", "sys", "types", "pytest", "torch", "vllm"}
 # How many of the shipped corpus's findings `kvfuzz export corpus` writes a module for (at least).
-EXPORTED_AT_LEAST = 84
+EXPORTED_AT_LEAST = 85
 
 
 def finding(number: int):
@@ -272,8 +272,15 @@ def test_view_modules_carry_the_rule_the_expectation_and_the_contracts():
 
 
 def test_view_exporter_names_what_it_cannot_write():
-    with pytest.raises(NoTemplate, match="synthetic backend without a declared shape, or with a quantized cache"):
-        view_module("ed2cb5be4dc4-30a819fe108964c1")  # #16: synthetic backends of an fp8_inc cache before 0.29
+    # #16's synthetic backends before 0.29, storing an fp8 cache (one byte a value: their declared shape holds it) and, in
+    # a variant, a scaled int8 one (values and per-token scales: a page no declared shape describes).
+    source = view_module("ed2cb5be4dc4-30a819fe108964c1").source
+    assert 'kv_quant_mode=get_kv_quant_mode("fp8_inc")' in source and "with pytest.raises((ValueError, NotImplementedError)):" in source
+    found = read_finding(FINDINGS / "ed2cb5be4dc4-30a819fe108964c1.json")
+    scaled = [dataclasses.replace(g, spec=dataclasses.replace(g.spec, dtype="int8", cache_dtype="int8_per_token_head",
+                                                             kv_quant_mode="int8_per_token_head")) for g in found.case.groups]
+    with pytest.raises(NoTemplate, match="synthetic backend without a declared shape, or with a packed or scaled cache"):
+        export(dataclasses.replace(found, case=dataclasses.replace(found.case, groups=tuple(scaled))), None)
     # A shipped backend's declared cache shape (vLLM <= 0.28) comes from its release: without one, no expectation.
     found = read_finding(FINDINGS / "ca0f737b67c6-8abd1e5d56c29dc4.json")
     unasked = dataclasses.replace(found, meta={key: value for key, value in found.meta.items() if key != DECLARED})

@@ -10,6 +10,7 @@ from fuzz.case import GroupCase, SyntheticBackend, parse_shape_entry
 from fuzz.export.code import CONFIG_FIXTURE, Module, NoTemplate, indent, layer_names, spec_call, spec_names
 from fuzz.export.finding import FindingFile
 from fuzz.export.runner_steps import backend_class_name, class_head, quoted, shipped_backend
+from oracles import dtypes
 
 NAMES = ("AttentionBackendEnum", "AttentionBackend", "AttentionSpec", "get_kv_cache_config_from_groups", "KVCacheGroupSpec",
          "AttentionGroup", "prepare_kernel_block_sizes", "_allocate_kv_cache", "_reshape_kv_cache", "KVCacheSpec", "KVCacheTensor")
@@ -111,8 +112,9 @@ def check_case(finding: FindingFile) -> None:
         if group.spec.kind != "mamba" and group.backend is None and group.synthetic_backend is None:
             raise NoTemplate("an attention group without a backend")
         backend = group.synthetic_backend
-        if backend is not None and (backend.shape is None or group.spec.cache_dtype != "auto"):
-            raise NoTemplate("a synthetic backend without a declared shape, or with a quantized cache")
+        definition = dtypes.definition(group.spec.cache_dtype)
+        if backend is not None and (backend.shape is None or definition is None or not definition.plain):
+            raise NoTemplate("a synthetic backend without a declared shape, or with a packed or scaled cache")
         if group.backend is not None and case.layout not in ("NHD", "HND"):
             raise NoTemplate(f"a shipped backend asked for its {case.layout} declaration (the exporter sets NHD or HND)")
 
