@@ -169,6 +169,19 @@ def test_worker_imports_the_release(wheel, cache, tmp_path):
     assert out == [FAKE, str(source.python_path / "vllm" / "__init__.py")]
 
 
+def test_a_release_leaves_its_bytecode_in_the_cache_whatever_the_users_setting(wheel, cache, tmp_path):
+    source = resolve(FAKE)
+    base = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env = worker_environment(source, base)
+    assert "PYTHONDONTWRITEBYTECODE" not in env
+    subprocess.run([sys.executable, "-c", "import vllm"], env=env, cwd=tmp_path, check=True)
+    assert list((source.python_path / "vllm" / "__pycache__").glob("__init__.*.pyc"))
+    # Not in a tree kvfuzz does not own: the installed vLLM, a user's checkout.
+    assert worker_environment(TargetSource("installed", "installed", None, None), base)["PYTHONDONTWRITEBYTECODE"] == "1"
+    checkout = TargetSource(str(tmp_path), "checkout", None, tmp_path)
+    assert worker_environment(checkout, base)["PYTHONDONTWRITEBYTECODE"] == "1"
+
+
 def test_fetch_false_needs_the_cache(wheel, cache):
     message = one_line_error(FAKE, fetch=False)
     assert message == f"--vllm {FAKE}: release {FAKE} is not in the kvfuzz cache ({cache / 'vllm' / FAKE})"

