@@ -281,7 +281,8 @@ def test_installed_vllm_passes_with_the_shipped_corpus(tmp_path):
 def make_checkout(root: Path) -> Path:
     """A tree laid out like a git clone of vllm-project/vllm: the installed vLLM's Python files, no compiled
     extensions and no generated _version.py (a clone has neither), beside csrc/, tests/ and setup.py."""
-    shutil.copytree(VLLM, root / "vllm", ignore=shutil.ignore_patterns("*.so", "__pycache__", "_version.py"))
+    # Bytecode is copied too (as a clone imported once holds it; copies keep the sources' times, so it stays valid).
+    shutil.copytree(VLLM, root / "vllm", ignore=shutil.ignore_patterns("*.so", "_version.py"))
     for folder in ("csrc", "tests", "requirements"):
         (root / folder).mkdir()
         (root / folder / "README").write_text("stands in for the folder of a vLLM clone\n")

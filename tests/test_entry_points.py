@@ -101,10 +101,12 @@ def installed_vllm() -> Path:
 
 
 def checkout_of_installed(root: Path) -> Path:
-    """The installed vLLM as a source checkout: its pure-Python files linked, no compiled files, no
-    generated _version.py (a git clone has none), csrc/, tests/ and setup.py beside vllm/."""
+    """The installed vLLM as a source checkout: its pure-Python files linked, no compiled extensions, no
+    generated _version.py (a git clone has none), csrc/, tests/ and setup.py beside vllm/. Its bytecode is linked
+    too, as a clone that has been imported once holds it (Python checks it against each source file, so an edited
+    module is compiled afresh): each target process started on it reads it instead of compiling vLLM again."""
     shutil.copytree(installed_vllm(), root / "vllm", symlinks=True, copy_function=os.symlink,
-                    ignore=shutil.ignore_patterns("*.so", "__pycache__", "_version.py"))
+                    ignore=shutil.ignore_patterns("*.so", "_version.py"))
     for folder in ("csrc", "tests"):
         (root / folder).mkdir()
     (root / "setup.py").write_text("# vLLM's build script\n")
