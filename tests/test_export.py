@@ -29,7 +29,7 @@ CASES = {10: "d12a95e7e436-8b1b57b9bc44668c", 18: "047a3fda9528-b920c268ecdc4248
 LAYOUTS_034 = {"CPU_ATTN": ("LBHNC",), "ROCM_SEGMENTED_ATTN": ("LHBNC", "LBHNC"), "CPU_MLA": None}
 ALLOWED_IMPORTS = {"copy", "dataclasses", "importlib", "inspect", "sys", "types", "pytest", "torch", "vllm"}
 # How many of the shipped corpus's findings `kvfuzz export corpus` writes a module for (at least).
-EXPORTED_AT_LEAST = 85
+EXPORTED_AT_LEAST = 86
 
 
 def finding(number: int):
@@ -155,6 +155,16 @@ def test_a_connector_module_before_029_holds_the_region_to_the_blocks_the_oracle
     assert '"blocks": {0: [(0, 32), (64, 96)], 1: [(32, 64), (96, 128)]}' in source
     assert "connector = offloading_worker(spec, vllm_config, kv_cache_config)" in source
     assert "expected = EXPECTED[release_contract()]" in source
+
+
+def test_a_zeroer_constructor_module_builds_the_runners_zeroer_on_the_views():
+    # #27 on 0.28: DEEPSEEK_V4_FLASHMLA's compressed sliding-window MLA cache beside a Mamba layer (so vLLM zeroes), one
+    # block. The module walks to the views and builds KVBlockZeroer as the runner does; no kernel runs.
+    found = read_finding(FINDINGS / "e63d845d32da-5569d6510efbff52.json")
+    source = export(found, reach_of(found.case, found.meta, None)).source
+    assert 'build_zeroer(kv_caches, attn_groups, kernel_block_sizes, "fp8_ds_mla")' in source
+    assert 'CONTRACTS = ("shaped-0.27",)' in source
+    assert "zero_block_ids(" not in source
 
 
 def test_a_kind_without_a_template_says_so():

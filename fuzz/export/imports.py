@@ -41,6 +41,7 @@ WHERE: dict[str, tuple[str, ...]] = {
     "GPUModelRunner": ("vllm.v1.worker.gpu_model_runner",),
     "CPUModelRunner": ("vllm.v1.worker.cpu_model_runner",),
     "CPUKVBlockZeroer": ("vllm.v1.worker.cpu.utils",),
+    "KVBlockZeroer": (WORKER_UTILS,),
     "KVCacheGroupSpec": (INTERFACE,),
     "UniformTypeKVCacheSpecs": (INTERFACE,),
     "KVQuantMode": (INTERFACE,),
@@ -84,6 +85,7 @@ NONE_WHERE_MISSING: dict[str, str] = {
     "map_kv_caches_to_kernel_blocks": "vLLM 0.32+ binds kernel-block views to layers",
     "CPUModelRunner": "vllm/v1/worker/cpu_model_runner.py, gone in 0.34",
     "CPUKVBlockZeroer": "the CPU runner's block zeroer of vLLM 0.34+",
+    "KVBlockZeroer": "the runner's block zeroer (vLLM 0.23+)",
 }
 
 

@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fuzz.export import block_copy, connector, cpu_zero, kernel_write, placed_views, quant_mode, shaped_views, spec_page
+from fuzz.export import block_copy, connector, cpu_zero, kernel_write, placed_views, quant_mode, shaped_views, spec_page, zeroer_init
 from fuzz.export.code import HELD_BY_HELPER, Module, NoTemplate
 from fuzz.export.expected import INVALID_KINDS, VALID_KINDS
 from fuzz.export.finding import FindingFile
@@ -25,6 +25,7 @@ TEMPLATES: tuple[tuple[tuple[str, ...], str, Template], ...] = (
     (kernel_write.KINDS, "do_kv_cache_update", kernel_write.kernel_write_test),
     (block_copy.KINDS, "copy_kv_cache_blocks_inplace", block_copy.block_copy_test),
     (cpu_zero.KINDS, "_zero_block_ids", cpu_zero.cpu_zero_test),
+    (zeroer_init.KINDS, "__init__", zeroer_init.zeroer_init_test),
 )
 # The functions of the view path (and the planner ahead of it), where a finding's test checks the views or the refusal.
 VIEW_FUNCTIONS = ("reshape", "_reshape_kv_cache", "_reshape_attention_kv_cache", "_update_hybrid_attention_layout",
