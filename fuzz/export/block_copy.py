@@ -3,8 +3,8 @@ layer's block d the bytes its block s held, and change nothing else (`copy-escap
 
 from __future__ import annotations
 
-from fuzz.export import placed_views, runner_steps, shaped_steps, view_rules
-from fuzz.export.code import CONFIG_FIXTURE, Module, NoTemplate, docstring, indent
+from fuzz.export import view_rules, walks
+from fuzz.export.code import Module, NoTemplate, docstring, indent
 from fuzz.export.expected import expected_literal
 from fuzz.export.finding import FindingFile, version_key
 from fuzz.export.reach import Reach
@@ -47,22 +47,15 @@ def block_copy_test(finding: FindingFile, reach: Reach | None) -> Module:
     if case.runner != "v2" or (placed and not finding.layout_placed):
         raise NoTemplate("the block-copy exporter writes one walk, the V2 runner's of vLLM 0.26 - 0.28 or of 0.29+; this "
                          f"finding affects {', '.join(placed)} too")
-    groups = runner_steps.check_groups(finding) if finding.layout_placed else None
-    if groups is None:
-        shaped_steps.check_case(finding)
+    groups = walks.checked_groups(finding)
     src, dst = copies[0]
     kinds = list(dict.fromkeys(g.spec.kind for g in case.groups))
     module = Module(title=f"copy_kv_cache_blocks_inplace copying block {src} to {dst} of {'+'.join(kinds)} caches "
                           f"({case.layout}) writes other bytes than block {dst}'s")
     module.add(docstring(finding, reach, f"copying block {src} to {dst} must give every layer's block {dst} the bytes of its "
                                          f"block {src} and change nothing else."))
-    if groups is None:
-        module.add(shaped_steps.constants(finding) + f"\nSRC, DST = {src}, {dst}  # the block copy")
-        body, probe = shaped_steps.walk(finding, module), shaped_steps.PROBE
-    else:  # the runner hands over the views it keeps (the manager views), not those layers bind
-        module.add(runner_steps.constants(finding, groups) + f"\nSRC, DST = {src}, {dst}  # the block copy")
-        module.add(CONFIG_FIXTURE, "VllmConfig", "set_current_vllm_config", "current_platform")
-        body, probe = runner_steps.steps(finding, reach, module), placed_views.PROBE
+    module.add(walks.constants(finding, groups) + f"\nSRC, DST = {src}, {dst}  # the block copy")
+    body, probe = walks.steps(finding, reach, module, groups)  # the runner copies in the views it keeps
     module.add(expected_literal(finding, blocks=sorted({src, dst})))
     module.add(COPY_HELPERS, "copy_kv_cache_blocks_inplace")
     check = "\n".join([

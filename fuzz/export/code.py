@@ -137,6 +137,15 @@ CONFIG_FIXTURE = '''
             yield config
 '''
 
+BOUND_LAYER = '''
+    class BoundLayer:
+        """A layer in the forward context after binding, as a block zeroer reads it (`.kv_cache`). An MLA layer of 0.30+
+        binds its view without the head axis of size 1 (squeeze(1)): the same bytes, so the same block rows."""
+
+        def __init__(self, kv_cache):
+            self.kv_cache = kv_cache
+'''
+
 BYTE_HELPERS = '''
     def byte_offsets(tensor):
         """The bytes the tensor's elements occupy, as offsets from the start of its storage."""

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from fuzz.export import runner_steps, shaped_steps, view_rules
-from fuzz.export.code import BYTE_HELPERS, CONFIG_FIXTURE, Module, NoTemplate, docstring
+from fuzz.export import view_rules, walks
+from fuzz.export.code import BYTE_HELPERS, Module, NoTemplate, docstring
 from fuzz.export.expected import expected_literal
 from fuzz.export.finding import FindingFile
 from fuzz.export.reach import Reach
@@ -82,16 +82,16 @@ PLACED_CHECK = '''
 # Before 0.29 a backend's views may put K and V (or layers) ahead of the block axis, and layers may lie in buffers of
 # their own: EXPECTED says which bytes of its layer's buffer block b owns.
 SHAPED_CHECK = '''
-    def buffer_bytes(tensor, byte_runs):
+    def in_buffer(tensor, offsets):
         pointer = tensor.untyped_storage().data_ptr()
-        return {(pointer, byte) for start, end in byte_runs for byte in range(start, end)}
+        return {(pointer, offset) for offset in offsets}
 
     expected = EXPECTED[release_contract()]
-    owned = {block: set().union(*(buffer_bytes(view, want["blocks"][block]) for layer, tensors in expected.items()
-                                  for view, want in zip(as_list(kv_caches[layer]), tensors)))
+    owned = {block: set().union(*(in_buffer(view, (byte for start, end in want["blocks"][block] for byte in range(start, end)))
+                                  for layer, tensors in expected.items() for view, want in zip(as_list(kv_caches[layer]), tensors)))
              for block in range(NUM_BLOCKS)}
     for block in BLOCKS:
-        region = set().union(*(buffer_bytes(entry.tensor, runs(byte_offsets(entry.tensor[block]))) for entry in registered.tensors))
+        region = set().union(*(in_buffer(entry.tensor, byte_offsets(entry.tensor[block])) for entry in registered.tensors))
         others = set().union(*(owned[other] for other in range(NUM_BLOCKS) if other != block))
         foreign = sorted(byte for _, byte in region & others)
         assert not foreign, f"block {block}: the region holds bytes {runs(foreign)} of other blocks"
@@ -108,9 +108,7 @@ def connector_test(finding: FindingFile, reach: Reach | None) -> Module:
     case = finding.case
     if "offload" not in (case.touches.consumers if case.touches else ()):
         raise NoTemplate("the connector exporter covers the offloading connector only")
-    groups = runner_steps.check_groups(finding) if finding.layout_placed else None
-    if groups is None:
-        shaped_steps.check_case(finding)
+    groups = walks.checked_groups(finding)
     titles = {"region-mismatch": f"the offloading connector's region for a block is not that block's bytes ({case.layout})",
               "refused-valid": "the offloading connector raises on the caches of a model vLLM runs",
               "crash-on-valid": "the offloading connector crashes on the caches of a model vLLM runs"}
@@ -120,21 +118,18 @@ def connector_test(finding: FindingFile, reach: Reach | None) -> Module:
             "crash-on-valid": "the offloading connector must register the caches of a model vLLM runs (it crashes instead)."}
     module.add(docstring(finding, reach, what[finding.kind]))
     blocks = list(case.touches.blocks) if case.touches and case.touches.blocks else list(range(case.num_blocks))
-    constants = runner_steps.constants(finding, groups) if groups is not None else shaped_steps.constants(finding)
-    module.add(constants + f"\nBLOCKS = {blocks}  # the blocks whose regions are checked")
+    module.add(walks.constants(finding, groups) + f"\nBLOCKS = {blocks}  # the blocks whose regions are checked")
     module.add(BYTE_HELPERS)
     module.add(RECORDING_SPEC, "OffloadingConnectorWorker", "AttentionLayerBase")
     if groups is None:
         module.add(AS_LIST)
     name = "test_offloading_connector_registers_each_block_exactly"
+    body, probe = walks.steps(finding, reach, module, groups)
     if groups is not None:
-        module.add(CONFIG_FIXTURE, "VllmConfig", "set_current_vllm_config", "current_platform")
-        body = runner_steps.steps(finding, reach, module)
         check, gate = PLACED_CHECK, ""
     else:
-        body = shaped_steps.walk(finding, module)
         module.add(expected_literal(finding, blocks=list(range(case.num_blocks))))
-        check, gate = SHAPED_CHECK, view_rules.add_contract_gate(module, finding, shaped_steps.PROBE)
+        check, gate = SHAPED_CHECK, view_rules.add_contract_gate(module, finding, probe)
     register = REGISTER.strip("\n") + f"\n    layers_in_forward_context(vllm_config, {BACKENDS})\n"
     register += "    connector.register_kv_caches(kv_caches)" if not case.kv_sharing else (
         "    # The runner hands connectors each KV-sharing layer with its target's cache.\n"

@@ -5,7 +5,7 @@ byte outside block b (`zero-miss` / `zero-escape`)."""
 from __future__ import annotations
 
 from fuzz.export import runner_steps, view_rules
-from fuzz.export.code import CONFIG_FIXTURE, Module, NoTemplate, docstring, indent
+from fuzz.export.code import BOUND_LAYER, CONFIG_FIXTURE, Module, NoTemplate, docstring, indent
 from fuzz.export.expected import contracts, expectation
 from fuzz.export.finding import FindingFile
 from fuzz.export.placed_views import PROBE
@@ -15,14 +15,6 @@ from oracles import touch
 KINDS = ("zero-miss", "zero-escape")
 
 RUNNER = '''
-    class BoundLayer:
-        """A layer in the forward context after binding, as the zeroer reads it (`.kv_cache`). An MLA layer binds its
-        view without the head axis of size 1 (squeeze(1)): the same bytes, so the same block rows."""
-
-        def __init__(self, kv_cache):
-            self.kv_cache = kv_cache
-
-
     def zero_block(kv_cache_config, kv_caches, attn_groups, kernel_block_sizes, block):
         """The CPU runner of this release zeroing `block`, its layers bound to `kv_caches`: CPUModelRunner._zero_block_ids
         on a runner built as vLLM's worker tests build one (object.__new__ and only what the method reads), or, from
@@ -75,6 +67,7 @@ def cpu_zero_test(finding: FindingFile, reach: Reach | None) -> Module:
                                          "layer and nothing else."))
     module.add(runner_steps.constants(finding, groups) + f"\nBLOCK = {block}  # the block the scheduler asks to zero")
     module.add(CONFIG_FIXTURE, "VllmConfig", "set_current_vllm_config", "current_platform")
+    module.add(BOUND_LAYER)
     module.add(RUNNER)
     module.add(zeroing_literal(finding, block))
     body = runner_steps.steps(finding, reach, module, kernel_map=True)

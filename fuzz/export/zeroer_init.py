@@ -5,20 +5,13 @@ runs: its tables are plain Python, so no Triton kernel is needed."""
 from __future__ import annotations
 
 from fuzz.export import shaped_steps, view_rules
-from fuzz.export.code import Module, NoTemplate, docstring, indent
+from fuzz.export.code import BOUND_LAYER, Module, NoTemplate, docstring, indent
 from fuzz.export.finding import FindingFile
 from fuzz.export.reach import Reach
 
 KINDS = ("crash-on-valid", "refused-valid")
 
 ZEROER = '''
-    class BoundLayer:
-        """A layer in the forward context after binding, as the zeroer reads it (`.kv_cache`)."""
-
-        def __init__(self, kv_cache):
-            self.kv_cache = kv_cache
-
-
     def build_zeroer(kv_caches, attn_groups, kernel_block_sizes, cache_dtype):
         """The block zeroer as the model runner builds it once its layers hold their views (_init_kv_zero_meta), with
         the arguments this release's KVBlockZeroer takes."""
@@ -50,6 +43,7 @@ def zeroer_init_test(finding: FindingFile, reach: Reach | None) -> Module:
     module.add(docstring(finding, reach, "the block zeroer the model runner builds at start-up must build."))
     module.add(shaped_steps.constants(finding))
     body = shaped_steps.walk(finding, module)
+    module.add(BOUND_LAYER)
     module.add(ZEROER, "KVBlockZeroer")
     cache_dtype = next((g.spec.cache_dtype for g in case.groups if g.spec.kind != "mamba"), "auto")
     check = "\n".join([
