@@ -92,10 +92,20 @@ def test_the_v1_adapter_names_layers_as_binding_needs_and_maps_vllms_errors_back
         layer_names: list[str] = field(default_factory=list)
         spec: str = "l0"  # a string that is a layer name only by accident still names that layer
 
+    @dataclass(frozen=True)
+    class Spec:
+        shapes: tuple[tuple[int, ...], ...] = ((2, 3),)
+
     names = {"l0": "model.layers.0.kvfuzz", "l1": "model.layers.1.kvfuzz"}
-    renamed = _renamed([Group(["l0", "l1"]), {"l1": ("l0", {"x"})}], names)
+    spec = Spec()
+    original = [Group(["l0", "l1"]), {"l1": ("l0", {"x"})}, spec]
+    renamed = _renamed(original, names)
     assert renamed[0].layer_names == ["model.layers.0.kvfuzz", "model.layers.1.kvfuzz"]
     assert renamed[1] == {"model.layers.1.kvfuzz": ("model.layers.0.kvfuzz", {"x"})}
+    # The runner gets copies: what kvfuzz keeps (the walk the consumers run on) keeps its names; a frozen object that
+    # holds no name is shared, not copied.
+    assert original[0].layer_names == ["l0", "l1"] and original[1] == {"l1": ("l0", {"x"})}
+    assert renamed[0] is not original[0] and renamed[2] is spec
     runner = object.__new__(V1Runner)
     runner.names = {renamed: name for name, renamed in names.items()}
     raised = Outcome(error_type="KeyError", error_message="KeyError: 'model.layers.1.kvfuzz' (after model.layers.0.kvfuzz)",

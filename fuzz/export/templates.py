@@ -8,13 +8,25 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fuzz.export import block_copy, connector, cpu_zero, kernel_write, placed_views, quant_mode, shaped_views, spec_page, zeroer_init
+from fuzz.export import (
+    block_copy,
+    connector,
+    cpu_zero,
+    kernel_write,
+    placed_views,
+    quant_mode,
+    shaped_views,
+    spec_page,
+    triton_zero,
+    zeroer_init,
+)
 from fuzz.export.code import HELD_BY_HELPER, Module, NoTemplate
 from fuzz.export.expected import INVALID_KINDS, VALID_KINDS
 from fuzz.export.finding import FindingFile
 from fuzz.export.imports import import_block
 from fuzz.export.reach import Reach
 
+STDLIB = ("copy", "dataclasses", "importlib", "inspect", "os", "sys", "types")  # what a module may use, imported where it does
 Template = Callable[[FindingFile, "Reach | None"], Module]
 
 # (kinds, function) -> template; the first match wins.
@@ -26,6 +38,7 @@ TEMPLATES: tuple[tuple[tuple[str, ...], str, Template], ...] = (
     (block_copy.KINDS, "copy_kv_cache_blocks_inplace", block_copy.block_copy_test),
     (cpu_zero.KINDS, "_zero_block_ids", cpu_zero.cpu_zero_test),
     (zeroer_init.KINDS, "__init__", zeroer_init.zeroer_init_test),
+    (triton_zero.KINDS, "zero_block_ids", triton_zero.triton_zero_test),
 )
 # The functions of the view path (and the planner ahead of it), where a finding's test checks the views or the refusal.
 VIEW_FUNCTIONS = ("reshape", "_reshape_kv_cache", "_reshape_attention_kv_cache", "_update_hybrid_attention_layout",
@@ -67,7 +80,7 @@ def export(finding: FindingFile, reach: Reach | None) -> Exported:
         module.parts.insert(1, textwrap.dedent(HELD_BY_HELPER).strip("\n"))
     head, *rest = module.parts
     body = "\n".join(rest)
-    stdlib = tuple(name for name in ("copy", "dataclasses", "importlib", "inspect", "sys", "types") if re.search(rf"(?<![\w.]){name}\.", body))
+    stdlib = tuple(name for name in STDLIB if re.search(rf"(?<![\w.]){name}\.", body))
     source = "\n\n".join([head, import_block(module.names, stdlib), *rest[:1]]) + "\n\n\n" + "\n\n\n".join(rest[1:]) + "\n"
     ast.parse(source)  # a template that writes broken Python is kvfuzz's bug: fail here, not in a maintainer's suite
     return Exported(finding, source, module.title)

@@ -58,8 +58,7 @@ class V1Runner:
         sharing = dict(case.kv_sharing)
         names = {name: f"model.layers.{index}.kvfuzz" for index, name in enumerate([*case.layer_names, *sharing])}
         back = self.names = {renamed: name for name, renamed in names.items()}
-        config = _renamed(copy.deepcopy(config), names)
-        attn_groups = _renamed(copy.deepcopy(attn_groups), names)
+        config, attn_groups = _renamed(config, names), _renamed(attn_groups, names)
         stubs = {renamed: LayerStub() for renamed in back}
         runner = self._runner(case, config, attn_groups, kernel_block_sizes, cache_config, vllm_config, device, names, stubs)
         try:
@@ -131,23 +130,33 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def _renamed(value: Any, names: dict[str, str]) -> Any:
-    """`value` (a deep copy) with every layer name in it replaced, in strings, lists, tuples, sets, dict keys and
-    values and the fields of dataclasses; classes and tensors are left as they are."""
+    """`value` with every layer name in it replaced, leaving `value` as it was: strings, lists, sets and dicts anew, tuples
+    and dataclasses anew where something in them changed (a dataclass that is not frozen always, since the runner may
+    set its fields); what holds no name (frozen specs, classes, tensors) is shared."""
     if isinstance(value, str):
         return names.get(value, value)
     if isinstance(value, list):
         return [_renamed(item, names) for item in value]
     if isinstance(value, tuple):
-        return tuple(_renamed(item, names) for item in value)
+        items = tuple(_renamed(item, names) for item in value)
+        if all(new is old for new, old in zip(items, value, strict=True)):
+            return value
+        return items if type(value) is tuple else type(value)(*items)  # a named tuple takes its fields one by one
     if isinstance(value, set):
         return {_renamed(item, names) for item in value}
     if isinstance(value, dict):
         return {_renamed(key, names): _renamed(item, names) for key, item in value.items()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changed = {}
         for field in dataclasses.fields(value):
             current = getattr(value, field.name, None)
-            changed = _renamed(current, names)
-            if changed is not current:
-                object.__setattr__(value, field.name, changed)
-        return value
+            renamed = _renamed(current, names)
+            if renamed is not current:
+                changed[field.name] = renamed
+        if not changed and value.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+            return value
+        clone = copy.copy(value)
+        for name, renamed in changed.items():
+            object.__setattr__(clone, name, renamed)
+        return clone
     return value
