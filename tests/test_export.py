@@ -31,7 +31,7 @@ LAYOUTS_034 = {"CPU_ATTN": ("LBHNC",), "ROCM_SEGMENTED_ATTN": ("LHBNC", "LBHNC")
 # one of vLLM's Triton kernels imports (only where the kernel is not compiled already: Triton's interpreter on a CPU).
 ALLOWED_IMPORTS = {"copy", "dataclasses", "importlib", "inspect", "os", "sys", "types", "pytest", "torch", "vllm", "triton"}
 # How many of the shipped corpus's findings `kvfuzz export corpus` writes a module for (at least).
-EXPORTED_AT_LEAST = 89
+EXPORTED_AT_LEAST = 90
 
 
 def finding(number: int):
@@ -180,6 +180,16 @@ def test_a_triton_zeroing_module_runs_the_runners_zeroer_on_the_views():
     assert 'kernel_runnable_here(monkeypatch, sys.modules[KVBlockZeroer.__module__], "_zero_kv_blocks_kernel")' in source
     assert "lambda: zeroer.zero_block_ids([BLOCK])" in source
     assert "\nimport os\n" in source and "\nimport types\n" in source
+
+
+def test_an_mla_layer_spec_module_asks_vllms_layer_for_its_spec():
+    # #13: MLAAttention.get_kv_cache_spec for an fp8 cache of head size 2 (0.20 - 0.25 leave kv_quant_mode NONE): the
+    # mode the module expects is the oracle's for fp8, not vLLM's own lookup.
+    found = read_finding(FINDINGS / "afdf51c97da3-adae1fbedccee18f.json")
+    source = export(found, None).source
+    assert 'EXPECTED_MODE = "FP8_PER_TENSOR"' in source and 'CACHE_DTYPE = "fp8"' in source and "HEAD_SIZE = 2" in source
+    assert 'spec = mla_layer("model.layers.0.self_attn.attn").get_kv_cache_spec(vllm_config)' in source
+    assert "get_kv_quant_mode(" not in source
 
 
 def test_a_kind_without_a_template_says_so():

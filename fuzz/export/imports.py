@@ -54,6 +54,7 @@ WHERE: dict[str, tuple[str, ...]] = {
     "get_kv_cache_layout": ("vllm.v1.attention.backends.utils",),
     "map_kv_caches_to_kernel_blocks": (WORKER_UTILS,),
     "prepare_kernel_block_sizes": (WORKER_UTILS,),
+    "MLAAttention": ("vllm.model_executor.layers.attention.mla_attention",),
     "AttentionLayerBase": ("vllm.model_executor.layers.attention_layer_base",),
     "OffloadingConnectorWorker": ("vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker",),
 }

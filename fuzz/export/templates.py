@@ -13,6 +13,7 @@ from fuzz.export import (
     connector,
     cpu_zero,
     kernel_write,
+    layer_spec,
     placed_views,
     quant_mode,
     shaped_views,
@@ -33,6 +34,7 @@ Template = Callable[[FindingFile, "Reach | None"], Module]
 TEMPLATES: tuple[tuple[tuple[str, ...], str, Template], ...] = (
     (("spec-mismatch",), "get_kv_quant_mode", quant_mode.quant_mode_test),
     (("spec-mismatch",), "kv_cache_spec", spec_page.spec_page_test),
+    (layer_spec.KINDS, "MLAAttention.get_kv_cache_spec", layer_spec.layer_spec_test),
     (connector.KINDS, "register_kv_caches", connector.connector_test),
     (kernel_write.KINDS, "do_kv_cache_update", kernel_write.kernel_write_test),
     (block_copy.KINDS, "copy_kv_cache_blocks_inplace", block_copy.block_copy_test),
