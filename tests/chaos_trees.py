@@ -29,6 +29,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from fuzz.targets.releases import MODEL_INFO_SOURCES
+
 ACTIONS = {
     "segfault": "__import__('ctypes').string_at(0)",
     "abort": "_os.abort()",
@@ -149,6 +151,14 @@ def make_tree(folder: Path, function: str, rules: list[tuple[str, str]] | None =
     package = folder / "vllm"
     package.mkdir(parents=True, exist_ok=True)
     (package / "__init__.py").write_text(text)
+    # Copies of the wrapped vLLM's model registry and model module where kvfuzz reads them to name vLLM's cache folder
+    # (releases.vllm_state_folder), so wrappers share the wrapped vLLM's model-info cache instead of each inspecting the
+    # model in a subprocess; Python never imports them (the package's __path__ is the real one). Copies, not links: a
+    # tree shipped to Ray nodes may hold no link out of itself.
+    for relative in MODEL_INFO_SOURCES:
+        copy = package / relative
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes((real / relative).read_bytes())
     return folder
 
 

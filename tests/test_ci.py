@@ -270,7 +270,7 @@ def assert_reports(out: Path) -> dict:
 def test_installed_vllm_passes_with_the_shipped_corpus(tmp_path):
     """The acceptance run, README's `kvfuzz ci --vllm installed` with a shorter budget (a budget bounds the campaign
     only: the gate, the reruns and the reports are the same): exits 0 with a summary, JUnit and valid SARIF."""
-    status, out = run_ci(tmp_path, "--vllm", "installed", "--budget", "20")
+    status, out = run_ci(tmp_path, "--vllm", "installed", "--budget", "10")
     assert status == 0, (out / "stdout.txt").read_text()[-3000:]
     sarif = assert_reports(out)
     assert all(r["level"] != "error" for r in sarif["runs"][0]["results"])

@@ -1,3 +1,4 @@
+import dataclasses
 import hashlib
 import json
 import os
@@ -89,7 +90,29 @@ def test_installed_adds_no_path():
                    "VLLM_CACHE_ROOT": str(vllm_state_folder(source))}
     release = TargetSource("0.22.0", "release", "0.22.0", Path("/cache/0.22.0"))
     checkout = TargetSource("/src", "checkout", None, Path("/src"))
-    assert len({vllm_state_folder(s) for s in (source, release, checkout)}) == 3  # one folder each: no entry shared
+    assert len({vllm_state_folder(s) for s in (source, release, checkout)}) == 3  # trees that differ share no folder
+
+
+def test_trees_whose_model_info_agrees_share_vllms_state_and_others_do_not(tmp_path):
+    """vLLM's model-info cache keeps one entry per model class: trees whose entries differ would overwrite each other's, so
+    they get a folder each; copies of one tree (a baseline and a pull request, a wrapper's copy of the files) share one,
+    so the second's start does not inspect the model again in a subprocess."""
+    def tree(name: str, registry: str | None, model: str = "class LlamaForCausalLM: ...") -> TargetSource:
+        models = tmp_path / name / "vllm" / "model_executor" / "models"
+        models.mkdir(parents=True)
+        (models / "llama.py").write_text(model)
+        if registry is not None:
+            (models / "registry.py").write_text(registry)
+        return TargetSource(str(tmp_path / name), "checkout", None, tmp_path / name)
+
+    base = tree("base", "class _ModelInfo: ...")
+    assert vllm_state_folder(tree("copy", "class _ModelInfo: ...")) == vllm_state_folder(base)
+    release = dataclasses.replace(tree("0.22.0", "class _ModelInfo: ..."), kind="release", version="0.22.0")
+    assert vllm_state_folder(release) == vllm_state_folder(base)  # a release and a copy of it agree
+    assert vllm_state_folder(tree("registry", "class _ModelInfo: x = 1")) != vllm_state_folder(base)
+    assert vllm_state_folder(tree("model", "class _ModelInfo: ...", model="class LlamaForCausalLM: x = 1")) != vllm_state_folder(base)
+    # A tree without the files keeps a folder of its own.
+    assert vllm_state_folder(tree("wrapper", None)) != vllm_state_folder(tree("wrapper2", None))
 
 
 def test_triton_interprets_where_no_gpu_driver_is_loaded():

@@ -260,15 +260,16 @@ def assert_every_function_driven_or_explained(spec: str) -> None:
     assert [e.function.name for e in mapped.unexplained()] == [], headline(mapped)
 
 
-# A fixed number of cases, not seconds: what is driven must not depend on how busy the machine is. Each is more than ten
-# times the number of cases (seed 0, every consumer a case names) before the release's rarest driven function first ran:
-# 9 on 0.22.0, 15 on 0.23.0 (_get_kv_cache_config_deepseek_v4), 19 on 0.28.0, 63 on 0.29.0 (MLAAttention.bind_kv_cache),
-# 34 on 0.32.0 (AttentionGroup.map_kv_cache_to_manager_blocks, about one case in 150) and 30 on 0.34.0 (Attention.__init__).
-# The exception: 0.32.0's CPUModelRunner._zero_block_ids first runs at case 510 (about one case in 460): the CPU runner's
-# zeroer is asked only of cases a CPU deployment builds (every attention group on a CPU backend, fuzz/space.py CPU_RULE)
-# that zero (a Mamba group or mixed precisions, ZEROING_RULE) and have a block besides the null block (NULL_BLOCK_RULE).
-# 600 cases reach it on this seed every time (the draw is deterministic); a change to the case space may move it.
-CASES = {"0.22.0": 200, "0.23.0": 200, "0.28.0": 200, "0.29.0": 600, "installed": 600, "0.34.0": 400}
+# A fixed number of cases, not seconds: what is driven must not depend on how busy the machine is. The draw is
+# deterministic (seed 0, every consumer a case names), so a count needs only a margin for changes to the case space: each
+# is at least three times the number of cases before the release's rarest driven function first ran: 9 on 0.22.0, 15 on
+# 0.23.0 (_get_kv_cache_config_deepseek_v4), 19 on 0.28.0, 30 on 0.34.0 (Attention.__init__). The exceptions: 0.29.0's
+# and 0.32.0's CPUModelRunner._zero_block_ids, which first runs past case 200 on 0.29.0 and at case 510 on 0.32.0 (about
+# one case in 460; the next rarest at 63 and 34): the CPU runner's zeroer is asked only of
+# cases a CPU deployment builds (every attention group on a CPU backend, fuzz/space.py CPU_RULE) that zero (a Mamba group
+# or mixed precisions, ZEROING_RULE) and have a block besides the null block (NULL_BLOCK_RULE). 600 cases reach it on
+# this seed every time; a change to the case space may move it (the test then names the function).
+CASES = {"0.22.0": 60, "0.23.0": 60, "0.28.0": 60, "0.29.0": 600, "installed": 600, "0.34.0": 100}
 
 
 @pytest.mark.slow

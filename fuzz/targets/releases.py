@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -155,10 +156,33 @@ def worker_environment(source: TargetSource, base: Mapping[str, str] | None = No
     return env
 
 
+# What vLLM's model-info cache entry of kvfuzz's model (fuzz/targets/model/config.json: LlamaForCausalLM) depends on: the
+# registry, which inspects model classes and defines the entry, and the model's module, whose hash vLLM keeps in it.
+MODEL_INFO_SOURCES = ("model_executor/models/registry.py", "model_executor/models/llama.py")
+
+
 def vllm_state_folder(source: TargetSource) -> Path:
-    """Where vLLM's own caches go for `source`: one folder per release, checkout or installed vLLM."""
-    name = source.version if source.kind == "release" else hashlib.sha256(source.label.encode()).hexdigest()[:16]
-    return cache_root() / "vllm-state" / f"{source.kind}-{name}"
+    """Where vLLM's own caches go for `source`. vLLM keeps one model-info entry per model class under one name whatever
+    the tree, so trees whose entries differ must not share a folder (each start would overwrite the other's and pay
+    seconds re-inspecting the model in a subprocess), and trees whose entries agree should: copies of one tree (a pull
+    request's baseline and head), a wrapper and the vLLM it runs, releases that left both files alone. So the folder is
+    named by the content of MODEL_INFO_SOURCES; a tree without them gets one of its own."""
+    package = _vllm_package(source)
+    digest = hashlib.sha256()
+    try:
+        for relative in MODEL_INFO_SOURCES:
+            digest.update((package / relative).read_bytes())
+    except OSError:
+        return cache_root() / "vllm-state" / f"{source.kind}-{hashlib.sha256(source.label.encode()).hexdigest()[:16]}"
+    return cache_root() / "vllm-state" / f"model-info-{digest.hexdigest()[:16]}"
+
+
+def _vllm_package(source: TargetSource) -> Path:
+    """The `vllm` package folder `source` names (found, not imported, for the installed one)."""
+    if source.python_path is not None:
+        return source.python_path / "vllm"
+    found = importlib.util.find_spec("vllm")
+    return Path(found.origin).parent if found is not None and found.origin else Path("vllm")
 
 
 def gpu_driver_present() -> bool:
