@@ -31,7 +31,7 @@ LAYOUTS_034 = {"CPU_ATTN": ("LBHNC",), "ROCM_SEGMENTED_ATTN": ("LHBNC", "LBHNC")
 # one of vLLM's Triton kernels imports (only where the kernel is not compiled already: Triton's interpreter on a CPU).
 ALLOWED_IMPORTS = {"copy", "dataclasses", "importlib", "inspect", "os", "sys", "types", "pytest", "torch", "vllm", "triton"}
 # How many of the shipped corpus's findings `kvfuzz export corpus` writes a module for (at least).
-EXPORTED_AT_LEAST = 90
+EXPORTED_AT_LEAST = 91
 
 
 def finding(number: int):
@@ -190,6 +190,18 @@ def test_an_mla_layer_spec_module_asks_vllms_layer_for_its_spec():
     assert 'EXPECTED_MODE = "FP8_PER_TENSOR"' in source and 'CACHE_DTYPE = "fp8"' in source and "HEAD_SIZE = 2" in source
     assert 'spec = mla_layer("model.layers.0.self_attn.attn").get_kv_cache_spec(vllm_config)' in source
     assert "get_kv_quant_mode(" not in source
+
+
+def test_a_runner_comparison_module_holds_both_runners_views_to_one_layout():
+    # #20: a synthetic backend declaring [B, H, T, 2*D] with 2-token kernel blocks, 4-token blocks: the V1 runner splits
+    # each block into two kernel blocks and the V2 runner (before 0.22) does not, so the module reads each runner's view
+    # as [block, token, head, content] by the declared axes and compares the bytes.
+    found = read_finding(FINDINGS / "4d24ab554c06-cef5452a85f1f631.json")
+    source = export(found, None).source
+    assert "AXES_0 = ('B', 'H', 'T', 'D')" in source
+    assert 'kv_caches = reshape_kv_cache(kv_cache_config, attn_groups, kernel_block_sizes, "auto")' in source
+    assert 'v1_caches = v1_kv_caches(vllm_config, kv_cache_config, attn_groups, kernel_block_sizes, "auto")' in source
+    assert 'CONTRACTS = ("shaped-0.19", "shaped-0.20", "shaped-0.21", "shaped-0.22")' in source
 
 
 def test_a_kind_without_a_template_says_so():

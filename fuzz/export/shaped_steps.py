@@ -98,11 +98,14 @@ FRESH_LAYOUT = '''
 '''
 
 
-def check_case(finding: FindingFile) -> None:
+def check_case(finding: FindingFile, both_runners: bool = False) -> None:
+    """NoTemplate where the walk cannot be written for the case; `both_runners`: the template runs both model runners
+    (a case of runner "both"), each other template one."""
     case = finding.case
     if finding.layout_placed:
         raise NoTemplate("the pre-0.29 view exporter writes vLLM 0.19 - 0.28's _reshape_kv_cache only")
-    if case.runner not in (None, "v1", "v2") or case.platform != "cuda" or case.spec_source != "case":
+    runners = ("both",) if both_runners else (None, "v1", "v2")
+    if case.runner not in runners or case.platform != "cuda" or case.spec_source != "case":
         raise NoTemplate(f"no exporter writes {case.describe()} yet (both model runners, platform or vLLM-built specs)")
     if not case.groups:
         raise NoTemplate("an attention-free model has no views to check")
@@ -143,16 +146,20 @@ def synthetic_class(backend: SyntheticBackend, module: Module) -> str:
 '''
 
 
-def views_call(finding: FindingFile) -> str:
-    return "v1_kv_caches(vllm_config, " if finding.case.runner == "v1" else "reshape_kv_cache("
+def views_calls(finding: FindingFile, arguments: str) -> list[str]:
+    """The lines that make the views: `kv_caches` from the case's model runner; for a case of both runners, the V2
+    runner's `kv_caches` and the V1 runner's `v1_kv_caches` (each on buffers of its own)."""
+    v1 = f"v1_kv_caches(vllm_config, {arguments})"
+    if finding.case.runner == "both":
+        return [f"kv_caches = reshape_kv_cache({arguments})", f"v1_caches = {v1}"]
+    return [f"kv_caches = {v1 if finding.case.runner == 'v1' else f'reshape_kv_cache({arguments})'}"]
 
 
 def runner_helper(finding: FindingFile, module: Module) -> str:
-    """The module's helper that runs the case's model runner up to the views."""
-    if finding.case.runner == "v1":
+    """The module's helpers that run the case's model runner(s) up to the views."""
+    if finding.case.runner in ("v1", "both"):
         module.names.add("GPUModelRunner")
-        return V1_RUNNER
-    return RESHAPE
+    return {"v1": V1_RUNNER, "both": RESHAPE + "\n\n" + V1_RUNNER}.get(finding.case.runner or "v2", RESHAPE)
 
 
 def constants(finding: FindingFile) -> str:
@@ -179,10 +186,11 @@ def backend_line(index: int, group: GroupCase, module: Module) -> list[str]:
             f"    backend_{index}.set_head_size_v({value_head})"]
 
 
-def steps(finding: FindingFile, module: Module) -> str:
-    """The test body up to `kv_caches`, the views the case's model runner gives the layers."""
+def steps(finding: FindingFile, module: Module, both_runners: bool = False) -> str:
+    """The test body up to `kv_caches`, the views the case's model runner gives the layers (and, `both_runners`, the V1
+    runner's `v1_caches`)."""
     case = finding.case
-    check_case(finding)
+    check_case(finding, both_runners)
     module.names.update(NAMES)
     lines: list[str] = []
     if case.layout != "NHD":
@@ -228,16 +236,16 @@ def steps(finding: FindingFile, module: Module) -> str:
                                                "(init_attn_backend and init_kv_cache, vllm/v1/worker/gpu/attn_utils.py)."),
               "attn_groups = [", *(f"    {group}," for group in groups), "]",
               "kernel_block_sizes = prepare_kernel_block_sizes(kv_cache_config, attn_groups)",
-              f'kv_caches = {views_call(finding)}kv_cache_config, attn_groups, kernel_block_sizes, "{cache_dtype}")']
+              *views_calls(finding, f'kv_cache_config, attn_groups, kernel_block_sizes, "{cache_dtype}"')]
     return indent("\n".join(lines))
 
 
-def walk(finding: FindingFile, module: Module) -> str:
-    """The config fixture, the case's synthetic backend classes and its runner's helper added to `module`; returns the
+def walk(finding: FindingFile, module: Module, both_runners: bool = False) -> str:
+    """The config fixture, the case's synthetic backend classes and its runners' helpers added to `module`; returns the
     test body up to `kv_caches` (steps)."""
     module.add(CONFIG_FIXTURE, "VllmConfig", "set_current_vllm_config", "current_platform")
     for group in finding.case.groups:
         if group.synthetic_backend is not None:
             module.add(synthetic_class(group.synthetic_backend, module))
     module.add(runner_helper(finding, module))
-    return steps(finding, module)
+    return steps(finding, module, both_runners)

@@ -16,6 +16,7 @@ from fuzz.export import (
     layer_spec,
     placed_views,
     quant_mode,
+    runner_compare,
     shaped_views,
     spec_page,
     triton_zero,
@@ -41,6 +42,7 @@ TEMPLATES: tuple[tuple[tuple[str, ...], str, Template], ...] = (
     (cpu_zero.KINDS, "_zero_block_ids", cpu_zero.cpu_zero_test),
     (zeroer_init.KINDS, "__init__", zeroer_init.zeroer_init_test),
     (triton_zero.KINDS, "zero_block_ids", triton_zero.triton_zero_test),
+    (runner_compare.KINDS, "GPUModelRunner.initialize_kv_cache_tensors", runner_compare.runner_compare_test),
 )
 # The functions of the view path (and the planner ahead of it), where a finding's test checks the views or the refusal.
 VIEW_FUNCTIONS = ("reshape", "_reshape_kv_cache", "_reshape_attention_kv_cache", "_update_hybrid_attention_layout",
