@@ -148,7 +148,7 @@ def synthetic_class(backend: SyntheticBackend, module: Module) -> str:
 
 def views_calls(finding: FindingFile, arguments: str) -> list[str]:
     """The lines that make the views: `kv_caches` from the case's model runner; for a case of both runners, the V2
-    runner's `kv_caches` and the V1 runner's `v1_kv_caches` (each on buffers of its own)."""
+    runner's `kv_caches` and the V1 runner's `v1_caches` (each on buffers of its own)."""
     v1 = f"v1_kv_caches(vllm_config, {arguments})"
     if finding.case.runner == "both":
         return [f"kv_caches = reshape_kv_cache({arguments})", f"v1_caches = {v1}"]
@@ -159,7 +159,9 @@ def runner_helper(finding: FindingFile, module: Module) -> str:
     """The module's helpers that run the case's model runner(s) up to the views."""
     if finding.case.runner in ("v1", "both"):
         module.names.add("GPUModelRunner")
-    return {"v1": V1_RUNNER, "both": RESHAPE + "\n\n" + V1_RUNNER}.get(finding.case.runner or "v2", RESHAPE)
+    if finding.case.runner == "both":
+        return RESHAPE + "\n\n" + V1_RUNNER
+    return V1_RUNNER if finding.case.runner == "v1" else RESHAPE
 
 
 def constants(finding: FindingFile) -> str:
