@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fuzz import SOURCE_ROOT
-from fuzz.campaign import stop
+from fuzz.campaign import preload, stop
 from fuzz.campaign.pool import START_TIMEOUT, Pool, RemoteTarget
 from fuzz.case import Case
 from fuzz.errors import KvfuzzError, TargetError, UsageError
@@ -333,6 +333,9 @@ def bench(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError(f"bench: the measuring process failed: {(measured.stderr.strip().splitlines() or ['?'])[-1]}")
     figures = json.loads(measured.stdout.strip().splitlines()[-1])
     figures.update(_start_times(args))
+    # The starts leave a base standby importing vLLM's dependencies in the background: the campaigns wait for it, or the
+    # one-worker campaign shares the cores with that import.
+    preload.wait_for_base(env, str(source.python_path) if source.python_path is not None else None)
     for workers in (1, 2):
         with tempfile.TemporaryDirectory() as corpus, open_pool(args, workers=workers) as pool:
             # The default campaign: every deeper check on, where the schedule puts it (consumers_every None).

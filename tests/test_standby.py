@@ -218,6 +218,25 @@ def test_the_base_is_keyed_without_what_only_vllm_reads(standbys, tmp_path):
     assert preload.base_environment(env, tree) == {"PATH": "/bin", "PYTHONPATH": "/src", "TRITON_INTERPRET": "1"}
 
 
+def test_a_measurement_waits_only_for_a_base_that_is_importing(standbys, tmp_path):
+    from fuzz.campaign import preload
+
+    env, tree = {"PATH": "/bin"}, str(tmp_path / "tree")
+    starting = standbys / f"{preload.base_key(env, tree)}.starting"
+
+    def waited() -> float:
+        began = time.monotonic()
+        preload.wait_for_base(env, tree, timeout=1.0)
+        return time.monotonic() - began
+
+    assert waited() < 0.5  # no base was started
+    starting.touch()
+    assert waited() >= 1.0  # one is importing and does not answer yet: wait, up to the timeout
+    old = time.time() - preload.IMPORT_LIMIT - 1
+    os.utime(starting, (old, old))
+    assert waited() < 0.5  # a marker older than an import may take: a base that never came
+
+
 def test_a_base_still_importing_when_the_standbys_stop_does_not_start(standbys, tmp_path):
     from fuzz import SOURCE_ROOT
     from fuzz.campaign import preload

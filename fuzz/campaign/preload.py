@@ -93,6 +93,21 @@ def leave_base(env: Mapping[str, str], tree: str | None) -> None:
                      cwd=standby.folder())
 
 
+def wait_for_base(env: Mapping[str, str], tree: str | None, timeout: float = IMPORT_LIMIT) -> None:
+    """Return once the base a pool of `env` and `tree` would ask for answers, if one started importing in the last
+    IMPORT_LIMIT seconds (a measurement that follows should not share the cores with its imports); at most `timeout`."""
+    key = base_key(env, tree)
+    starting = standby.folder() / f"{key}.starting"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and key not in standby.running():
+        try:
+            if time.time() - starting.stat().st_mtime >= IMPORT_LIMIT:
+                return
+        except FileNotFoundError:
+            return
+        time.sleep(0.2)
+
+
 def _base_main(key: str, listed: str, starting: str) -> None:
     signal.alarm(IMPORT_LIMIT)  # a module whose import hangs: no base, and the next cold start may try again
     names = Path(listed).read_text().split()
