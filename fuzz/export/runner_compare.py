@@ -40,8 +40,8 @@ LOGICAL = '''
         apart = (v2 != v1).nonzero()
         if not len(apart):
             return None
-        block, token, head, *content = apart[0].tolist()
         where = tuple(apart[0].tolist())
+        block, token, head, *content = where
         return (f"{layer}: token {token}, head {head}, content {content} of block {block} is at byte {int(v2[where])} under "
                 f"the V2 runner, {int(v1[where])} under the V1 runner ({len(apart)} elements apart)")
 '''

@@ -11,9 +11,9 @@ from oracles.expectation import Expectation
 
 RULE = ("The rule (kvfuzz contract): block ids are the KV-cache manager's, one id for the same block of every layer (a "
         "block split into kernel blocks is all of them), and the zeroer exists so a freed block starts clean: zeroing "
-        "block {block} clears every byte block {block} owns in each {layers} (ZEROING's must_clear) and changes no byte "
-        "outside block {block}'s pages and their alignment tails (may_change; under a block-outermost layout, block "
-        "{block}'s whole row).")
+        "block {block} clears every byte block {block} owns in each {layers} and changes no byte outside block {block}'s "
+        "pages and their alignment tails (under a block-outermost layout, block {block}'s whole row). ZEROING holds the "
+        "half of the rule this finding breaks.")
 
 CHECK = '''
     def backing_bytes(view):
