@@ -52,6 +52,9 @@ MAX_BLOCK_SIZE = 1024
 MAX_HEAD_SIZE = 1024
 MAX_HEADS = 8
 MAMBA_DTYPES = ("float32", "bfloat16", "float16")
+# DeepSeek records a release builds only from a version on: V4.1's MXFP8 record, 528 bytes a token, from vLLM 0.30.0
+# (vllm/models/deepseek_v41, "V4.1 (528 B)"; 0.28 - 0.29 size fp8_ds_mla caches at 584 or 656 bytes only).
+RECORDS_SINCE = {528: (0, 30)}
 # The dtypes a model (vLLM's ModelConfig) runs in.
 MODEL_DTYPES = ("bfloat16", "float16", "float32")
 ALL_DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2", "uint8", "int8")
@@ -528,6 +531,32 @@ def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, la
                      kernel_block_size=kernel)
 
 
+def record_reason(spec: SpecCase, info: TargetInfo) -> str | None:
+    """Why the release builds no cache of the spec's DeepSeek record size (RECORDS_SINCE), or None."""
+    if spec.cache_dtype not in dtypes.DS_MLA_RECORDS or builds_record(info, spec.state_content_bytes):
+        return None
+    since = ".".join(map(str, RECORDS_SINCE[spec.state_content_bytes or 0]))
+    return (f"field state_content_bytes: vLLM {info.vllm_version} builds no {spec.cache_dtype} cache of "
+            f"{spec.state_content_bytes}-byte records (from {since})")
+
+
+def builds_record(info: TargetInfo, record: int | None) -> bool:
+    """Whether the target's release builds DeepSeek records of this size (a version kvfuzz cannot read: any)."""
+    since = RECORDS_SINCE.get(record or 0)
+    release = release_of(info)
+    return since is None or not release or release >= since
+
+
+def release_of(info: TargetInfo) -> tuple[int, ...]:
+    """The target's release as numbers (a checkout's dev version counts as the release it precedes); () if unreadable."""
+    numbers = []
+    for part in info.vllm_version.split("+")[0].split(".")[:3]:
+        if not part.isdigit():
+            break
+        numbers.append(int(part))
+    return tuple(numbers)
+
+
 def _block_size(source: Source, kind: str, kernel_sizes: Sequence[int | str]) -> int:
     """A block size: a multiple of a kernel block size the backend declares (so vLLM's rule can split it), or for a
     backend declaring none (a synthetic one, drawn after) any size."""
@@ -567,6 +596,7 @@ def _attention_spec(source: Source, info: TargetInfo, kind: str, backend: Backen
                 source.reject()
             if not info.can(kind, "state_content_bytes"):
                 records = records[:1]  # before 0.28 the model version alone names the record
+            records = tuple(r for r in records if builds_record(info, r))
             version = "deepseek_v4" if v4 else None
             if version is not None or info.can(kind, "model_version"):
                 fields["model_version"] = version

@@ -14,7 +14,7 @@ from fuzz.campaign.engine import Campaign, CampaignOptions
 from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend, to_dict
 from fuzz.corpus.minimize import _buildable
 from fuzz.corpus.store import known_signatures
-from fuzz.space import Rejected, draw_indexed, unrealistic
+from fuzz.space import Rejected, draw_indexed, record_reason, unrealistic
 from fuzz.targets.base import BackendInfo, TargetInfo
 from fuzz.targets.releases import TargetSource
 from fuzz.targets.synthetic import published_state
@@ -144,3 +144,23 @@ def test_a_corpus_entry_of_another_release_does_not_hide_the_finding(tmp_path):
     assert "bug-a" not in _campaign(tmp_path, "0.32.0", "release").known
     assert "bug-a" in _campaign(tmp_path, "0.28.0", "release").known
     assert "bug-a" in _campaign(tmp_path, "0.32.0", "checkout").known
+
+
+@pytest.mark.parametrize(("version", "records"), [("0.28.0", {584}), ("0.30.0", {584, 528}), ("synthetic", {584, 528})])
+def test_a_deepseek_record_is_drawn_only_on_releases_that_build_it(version, records):
+    """V4.1's 528-byte fp8_ds_mla record exists from vLLM 0.30 (fuzz/space.py RECORDS_SINCE); a 0.28 release builds only
+    V4's 584-byte one, so a 528-byte case there is no configuration vLLM builds, drawn or replayed."""
+    info = dataclasses.replace(synthetic_info(), vllm_version=version)
+    drawn = set()
+    for index in range(3000):
+        try:
+            case = draw_indexed(info, 7, index)
+        except Rejected:
+            continue
+        drawn |= {g.spec.state_content_bytes for g in case.groups if g.spec.cache_dtype == "fp8_ds_mla"}
+    assert drawn == records
+    v41 = SpecCase(kind="mla", block_size=64, num_kv_heads=1, head_size=512, dtype="uint8", cache_dtype="fp8_ds_mla",
+                   model_version="deepseek_v4", state_content_bytes=528)
+    reason = record_reason(v41, info)
+    assert (reason is None) == (528 in records)
+    assert reason is None or reason.startswith("field state_content_bytes: vLLM 0.28.0 builds no fp8_ds_mla cache")

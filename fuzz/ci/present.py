@@ -132,11 +132,12 @@ def export_command(case_file: Path) -> str | None:
     """`kvfuzz export` for a case whose finding kvfuzz can write as a standalone pytest module (fuzz/export), else None."""
     try:
         from fuzz.export.finding import read_finding
-        from fuzz.export.templates import export
+        from fuzz.export.templates import export_all
     except ImportError:  # a kvfuzz without the exporter
         return None
     try:
-        exported = export(read_finding(case_file), None)
+        names = [exported.file_name for exported in export_all(read_finding(case_file), None)]
     except Exception:  # noqa: BLE001 - no template for this finding (NoTemplate), or a file it cannot read: no test to offer
         return None
-    return f"kvfuzz export {case_file} --out tests/kvfuzz  # writes {exported.file_name}: a standalone test, vllm and torch only"
+    what = "a standalone test" if len(names) == 1 else "standalone tests, one per model runner walk"
+    return f"kvfuzz export {case_file} --out tests/kvfuzz  # writes {' and '.join(names)}: {what}, vllm and torch only"

@@ -19,23 +19,36 @@ COPY_HELPERS = '''
         return raw
 
 
-    def after_copy(kv_caches, expected, before, src, dst):
-        """Each buffer as it must be after copying block `src` to `dst`: every layer's tensors' block `dst` bytes hold
-        what their block `src` bytes held, in order; every other byte as it was."""
-        wanted = {pointer: raw.clone() for pointer, raw in before.items()}
+    def copy_faults(kv_caches, expected, before, buffers, src, dst):
+        """What copying block `src` to `dst` left wrong: per layer tensor, how many bytes of its block `dst` do not hold
+        what its block `src` held (and the first, as buffer and byte); and how many bytes outside every layer's block
+        `dst` changed (and the first)."""
+        wrong, targets = {}, {}
         for layer, tensors in expected.items():
             views = kv_caches[layer] if isinstance(kv_caches[layer], (list, tuple)) else [kv_caches[layer]]
-            for view, want in zip(views, tensors):
+            for index, (view, want) in enumerate(zip(views, tensors)):
                 pointer = view.untyped_storage().data_ptr()
                 source = torch.cat([before[pointer][start:end] for start, end in want["blocks"][src]])
                 target = torch.cat([torch.arange(start, end) for start, end in want["blocks"][dst]])
-                wanted[pointer][target] = source
-        return wanted
+                targets.setdefault(pointer, []).append(target)
+                differ = (buffers[pointer][target] != source).nonzero().flatten()
+                if differ.numel():
+                    first = (list(buffers).index(pointer), int(target[differ[0]]))
+                    wrong[f"{layer} (tensor {index})"] = (differ.numel(), first)
+        escaped = None
+        for number, (pointer, raw) in enumerate(buffers.items()):
+            outside = torch.ones(raw.numel(), dtype=torch.bool)
+            for target in targets.get(pointer, []):
+                outside[target] = False
+            changed = ((raw != before[pointer]) & outside).nonzero().flatten()
+            if changed.numel() and escaped is None:
+                escaped = (changed.numel(), (number, int(changed[0])))
+        return wrong, escaped
 '''
 
 COPY_RULE = ("The rule (kvfuzz contract): block ids are the KV-cache manager's, one id for the same block of every layer, "
              "so copying block {src} to {dst} gives each layer's block {dst} exactly the bytes its block {src} held (the "
-             "runs EXPECTED lists) and leaves every other byte of every buffer as it was.")
+             "runs EXPECTED lists) and leaves every byte outside the layers' blocks {dst} as it was.")
 
 
 def block_copy_test(finding: FindingFile, reach: Reach | None) -> Module:
@@ -43,10 +56,10 @@ def block_copy_test(finding: FindingFile, reach: Reach | None) -> Module:
     copies = case.touches.copies if case.touches else ()
     if not copies:
         raise NoTemplate("the case names no block copy")
-    placed = [version for version in finding.affected if version_key(version) >= version_key("0.29.0")]
+    placed = [version for version in finding.affected if version_key(version) >= version_key(walks.PLACED_FROM)]
     if case.runner != "v2" or (placed and not finding.layout_placed):
-        raise NoTemplate("the block-copy exporter writes one walk, the V2 runner's of vLLM 0.26 - 0.28 or of 0.29+; this "
-                         f"finding affects {', '.join(placed)} too")
+        raise NoTemplate("a block-copy module writes one walk, the V2 runner's of vLLM 0.26 - 0.28 or of 0.29+; this "
+                         f"finding affects {', '.join(placed)} too (export_all writes one module per walk)")
     groups = walks.checked_groups(finding)
     src, dst = copies[0]
     kinds = list(dict.fromkeys(g.spec.kind for g in case.groups))
@@ -72,11 +85,12 @@ def block_copy_test(finding: FindingFile, reach: Reach | None) -> Module:
         "                             [(SRC, DST)])",
         "",
         view_rules.comment(COPY_RULE.format(src=src, dst=dst)),
-        "wanted = after_copy(kv_caches, EXPECTED[release_contract()], before, SRC, DST)",
-        "for index, (pointer, raw) in enumerate(buffers.items()):",
-        "    wrong = (raw != wanted[pointer]).nonzero().flatten().tolist()",
-        '    assert not wrong, (f"after copying block {SRC} to {DST}, {len(wrong)} bytes of buffer {index} are not what the "',
-        '                       f"copy must leave there, the first at byte {wrong[0]}")'])
+        "wrong, escaped = copy_faults(kv_caches, EXPECTED[release_contract()], before, buffers, SRC, DST)",
+        'assert escaped is None, (f"copying block {SRC} to {DST} changed {escaped[0]} bytes outside every layer\'s block {DST}, "',
+        '                         f"the first at byte {escaped[1][1]} of buffer {escaped[1][0]}")',
+        'assert not wrong, "; ".join(f"after copying block {SRC} to {DST}, {count} bytes of {layer}\'s block {DST} do not hold "',
+        '                            f"its block {SRC}\'s, the first at byte {byte} of buffer {buffer}"',
+        "                            for layer, (count, (buffer, byte)) in wrong.items())"])
     gate = view_rules.add_contract_gate(module, finding, probe)
     name = f"test_copying_block_{src}_to_{dst}_copies_each_layers_block_and_nothing_else"
     module.add(f"def {name}(vllm_config, monkeypatch):\n{gate}{body}\n\n{indent(check)}")

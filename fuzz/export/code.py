@@ -23,6 +23,9 @@ CARRIED_DEFAULTS = {"head_size_v": None, "sliding_window": None, "attention_chun
 # Case fields no exporter carries yet, and their defaults (a field away from its default needs a template that knows it).
 PLAIN_DEFAULTS = {"num_head_slots": None, "state_content_bytes": None, "block_stride_alignment": None, "block_stride_multiple_of": None,
                   "rope_dim": None, "topk_buffer_width": None, "is_draft": False, "state_alignment": 1}
+# Case fields an exported spec carries where the release's spec class has them, and skips on a release without them (a
+# release that cannot build the case): byte alignments of a block's stride and of a Mamba state (0.32+ / 0.34+).
+REQUIRED = ("block_stride_alignment", "state_alignment")
 
 
 # Spec fields a backend publishes for its spec (customize_spec, vLLM 0.28+); a release whose spec class lacks one
@@ -35,6 +38,16 @@ HELD_BY_HELPER = '''
         state bytes a backend publishes from 0.28, an MLA cache's quant mode)."""
         names = {field.name for field in dataclasses.fields(cls)}
         return {name: value for name, value in fields.items() if name in names}
+'''
+
+
+REQUIRED_FIELDS_HELPER = '''
+    def fields_of(cls, **fields):
+        """The case's fields that this release's spec class must have: a release without one cannot build the case."""
+        missing = sorted(set(fields) - {field.name for field in dataclasses.fields(cls)})
+        if missing:
+            pytest.skip(f"{cls.__name__} of this vLLM has no {', '.join(missing)}")
+        return fields
 '''
 
 
@@ -71,7 +84,10 @@ def spec_call(spec: SpecCase, num_kv_heads: int | None = None, placed: bool = Tr
     cls = SPEC_CLASSES.get(spec.kind)
     if cls is None:
         raise NoTemplate(f"no exporter builds {spec.kind} specs yet")
-    unusual = [name for name, default in PLAIN_DEFAULTS.items() if name not in PUBLISHED and getattr(spec, name) != default]
+    unusual = [name for name, default in PLAIN_DEFAULTS.items()
+               if name not in PUBLISHED + REQUIRED and getattr(spec, name) != default]
+    required = [f"{name}={getattr(spec, name)}" for name in REQUIRED if getattr(spec, name) != PLAIN_DEFAULTS[name]]
+    required_call = f"**fields_of({cls}, {', '.join(required)})" if required else None
     quantized = spec.kind not in MLA_KINDS and spec.cache_dtype not in PLAIN_CACHE_DTYPES
     if unusual or (spec.kv_quant_mode != "none" and not quantized and spec.kind not in MLA_KINDS) or spec.registered_cache_dtype:
         raise NoTemplate(f"no exporter carries spec field(s) {', '.join(unusual) or 'kv_quant_mode'} yet")
@@ -80,7 +96,7 @@ def spec_call(spec: SpecCase, num_kv_heads: int | None = None, placed: bool = Tr
         args = [f"block_size={spec.block_size}", f"shapes={tuple(tuple(shape) for shape in spec.mamba_shapes)!r}", f"dtypes=({dtypes})"]
         if spec.page_size_padded is not None:
             args.append(f"page_size_padded={spec.page_size_padded}")
-        return f"{cls}({', '.join(args)})"
+        return f"{cls}({', '.join(args + ([required_call] if required_call else []))})"
     args = [f"block_size={spec.block_size}", f"num_kv_heads={num_kv_heads or spec.num_kv_heads}", f"head_size={spec.head_size}",
             f"dtype=torch.{spec.dtype}"]
     args += [f"{name}={json.dumps(getattr(spec, name))}" for name, default in CARRIED_DEFAULTS.items() if getattr(spec, name) != default]
@@ -98,6 +114,8 @@ def spec_call(spec: SpecCase, num_kv_heads: int | None = None, placed: bool = Tr
         args.append(f"kv_quant_mode=get_kv_quant_mode({json.dumps(spec.cache_dtype)})")
     if where_held:
         args.append(f"**held_by({cls}, {', '.join(where_held)})")
+    if required_call:
+        args.append(required_call)
     return f"{cls}({', '.join(args)})"
 
 

@@ -14,7 +14,7 @@ from fuzz.export.code import NoTemplate
 from fuzz.export.finding import FindingFile, finding_files, read_finding
 from fuzz.export.reach import reach_of
 from fuzz.export.report import Evidence, draft
-from fuzz.export.templates import Exported, export
+from fuzz.export.templates import Exported, export_all
 
 CORPUS_WORD = "corpus"  # `kvfuzz export corpus`: every finding of the corpus shipped with kvfuzz
 BackendLayouts = Mapping[str, "tuple[str, ...] | None"]
@@ -53,13 +53,14 @@ def export_command(args: argparse.Namespace, out: TextIO) -> int:
     written = 0
     for finding in findings:
         try:
-            exported = export(finding, reach_of(finding.case, finding.meta, layouts))
+            modules = export_all(finding, reach_of(finding.case, finding.meta, layouts))
         except NoTemplate as why:
             print(f"kvfuzz: {finding.path}: not exported: {why}", file=out)
             continue
-        (args.out / exported.file_name).write_text(exported.source)
+        for exported in modules:
+            (args.out / exported.file_name).write_text(exported.source)
         written += 1
-        print(f"kvfuzz: {finding.path}: wrote {args.out / exported.file_name}", file=out)
+        print(f"kvfuzz: {finding.path}: wrote {', '.join(str(args.out / m.file_name) for m in modules)}", file=out)
     where = f" (backend layouts from vLLM {version})" if version else ""
     print(f"kvfuzz: exported {written} of {len(findings)} finding(s) to {args.out}{where}", file=out)
     return 0 if written else 1
@@ -71,7 +72,8 @@ def report_command(args: argparse.Namespace, out: TextIO) -> int:
     layouts, evidence = _run_on(finding, spec, args)
     reach = reach_of(finding.case, finding.meta, layouts)
     try:
-        exported: Exported | None = export(finding, reach)
+        # The module of the newest walk: the one a maintainer of today's vLLM drops into its tests.
+        exported: Exported | None = export_all(finding, reach)[-1]
     except NoTemplate:
         exported = None
     if exported is not None and not args.no_test:

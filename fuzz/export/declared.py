@@ -1,11 +1,12 @@
-"""A shipped backend's declared cache shape, which an exported test's expectation needs and only a release can tell.
+"""What a shipped backend declares for a case, which an exported test's expectation needs and only a release can tell.
 
 Before vLLM 0.29 a backend declares its cache shape and stride order (`get_kv_cache_shape`,
 `get_kv_cache_stride_order`) and `_reshape_kv_cache` views the pages through them; kvfuzz's oracle lays the views out
-from that declaration (it holds the declaration itself to the contract: oracles/declarations.py). A corpus case keeps
-no declaration (the minimizer drops it, so that each release is asked its own), so the exporter asks the release the
-finding affects, once per contract, and a corpus file keeps the answer under `declared`:
-{release: [[shape, stride order] or null, one per KV-cache group]}.
+from that declaration (it holds the declaration itself to the contract: oracles/declarations.py). From 0.29 a backend
+publishes, in `customize_spec`, how far apart its blocks lie (`block_stride_alignment`: sparse MLA backends keep whole
+rows). A corpus case keeps neither (the minimizer drops them, so that each release is asked its own), so the exporter
+asks the release the finding affects, once per contract, and a corpus file keeps the answer under `declared`:
+{release: [[shape, stride order] (before 0.29), {field: value} (0.29+) or null, one per KV-cache group]}.
 """
 
 from __future__ import annotations
@@ -22,16 +23,20 @@ from fuzz.errors import InternalError, TargetError
 from fuzz.export.finding import RELEASE_CONTRACTS, FindingFile, contract_of, version_key
 
 DECLARED = "declared"
-Declarations = list[Any]  # per group: [shape, stride order], or None where nothing was declared
+Declarations = list[Any]  # per group: [shape, stride order], {field: value}, or None where nothing was declared
+# The spec fields a 0.29+ backend publishes that place blocks (fuzz/targets/layout_placed.py declare_group).
+PUBLISHED_PLACEMENT = ("block_stride_alignment", "block_stride_multiple_of")
 
 
 def needs_declarations(finding: FindingFile) -> bool:
-    """A pre-0.29 finding with an attention group on a shipped backend whose declaration the case does not hold."""
-    return not finding.layout_placed and any(_asks(group) for group in finding.case.groups)
+    """A finding with an attention group on a shipped backend whose declaration the case does not hold."""
+    return any(_asks(group) for group in finding.case.groups)
 
 
 def _asks(group: GroupCase) -> bool:
-    return group.spec.is_attention and group.backend is not None and group.synthetic_backend is None and group.declared_shape is None
+    if not group.spec.is_attention or group.backend is None or group.synthetic_backend is not None:
+        return False
+    return group.declared_shape is None and all(getattr(group.spec, name) is None for name in PUBLISHED_PLACEMENT)
 
 
 def releases_to_ask(finding: FindingFile) -> list[str]:
@@ -85,7 +90,9 @@ def declared_case(finding: FindingFile, contract: str) -> Case:
 def with_declarations(case: Case, answer: Declarations) -> Case:
     groups = []
     for group, declared in zip(case.groups, answer, strict=True):
-        if declared is not None and _asks(group):
+        if isinstance(declared, dict) and _asks(group):
+            group = dataclasses.replace(group, spec=dataclasses.replace(group.spec, **declared))
+        elif declared is not None and _asks(group):
             shape, order = declared
             group = dataclasses.replace(group, declared_shape=tuple(shape), declared_stride_order=None if order is None else tuple(order))
         groups.append(group)
@@ -118,9 +125,15 @@ def ask(findings: Iterable[FindingFile]) -> list[FindingFile]:
 
 
 def declarations_of(case: Case) -> Declarations:
-    return [None if group.declared_shape is None else [list(group.declared_shape),
-                                                       None if group.declared_stride_order is None else list(group.declared_stride_order)]
-            for group in case.groups]
+    return [_declaration(group) for group in case.groups]
+
+
+def _declaration(group: GroupCase) -> Any:
+    if group.declared_shape is not None:
+        order = group.declared_stride_order
+        return [list(group.declared_shape), None if order is None else list(order)]
+    published = {name: getattr(group.spec, name) for name in PUBLISHED_PLACEMENT if getattr(group.spec, name) is not None}
+    return published or None
 
 
 def _recorded(finding: FindingFile, answers: dict[str, Declarations]) -> FindingFile:

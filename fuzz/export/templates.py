@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import textwrap
 from collections.abc import Callable
@@ -20,9 +21,10 @@ from fuzz.export import (
     shaped_views,
     spec_page,
     triton_zero,
+    walks,
     zeroer_init,
 )
-from fuzz.export.code import HELD_BY_HELPER, Module, NoTemplate
+from fuzz.export.code import HELD_BY_HELPER, REQUIRED_FIELDS_HELPER, Module, NoTemplate
 from fuzz.export.expected import INVALID_KINDS, VALID_KINDS
 from fuzz.export.finding import FindingFile
 from fuzz.export.imports import import_block
@@ -57,15 +59,21 @@ def view_test(finding: FindingFile, reach: Reach | None) -> Module:
     return shaped_views.shaped_views_test(finding, reach)
 
 
+# Templates that write one model runner walk (fuzz/export/walks.py): a finding affecting releases on both sides of 0.29,
+# where the allocation changed, gets a module per walk, each skipping the other's releases.
+ONE_WALK: tuple[Template, ...] = (block_copy.block_copy_test, connector.connector_test)
+
+
 @dataclass(frozen=True)
 class Exported:
     finding: FindingFile
     source: str  # the test module's text
     title: str  # what the test checks, one sentence
+    part: str = ""  # the walk's generation, where the finding needs a module per walk
 
     @property
     def file_name(self) -> str:
-        return self.finding.module_name + ".py"
+        return self.finding.module_name + (f"_{self.part}" if self.part else "") + ".py"
 
 
 def template_for(finding: FindingFile) -> Template:
@@ -77,11 +85,19 @@ def template_for(finding: FindingFile) -> Template:
     raise NoTemplate(f"no exporter for {finding.kind} in {finding.function} yet")
 
 
+def export_all(finding: FindingFile, reach: Reach | None) -> list[Exported]:
+    """The finding's standalone test modules, oldest walk first: one, or one per walk (ONE_WALK); NoTemplate (one line)
+    where kvfuzz cannot write them yet."""
+    parts = walks.by_generation(finding) if template_for(finding) in ONE_WALK else [("", finding)]
+    return [dataclasses.replace(export(part, reach), finding=finding, part=name) for name, part in parts]
+
+
 def export(finding: FindingFile, reach: Reach | None) -> Exported:
     """The finding's standalone test module; NoTemplate (one line) where kvfuzz cannot write one yet."""
     module = template_for(finding)(finding, reach)
-    if any("**held_by(" in part for part in module.parts):
-        module.parts.insert(1, textwrap.dedent(HELD_BY_HELPER).strip("\n"))
+    for call, helper in (("**held_by(", HELD_BY_HELPER), ("**fields_of(", REQUIRED_FIELDS_HELPER)):
+        if any(call in part for part in module.parts):
+            module.parts.insert(1, textwrap.dedent(helper).strip("\n"))
     head, *rest = module.parts
     body = "\n".join(rest)
     stdlib = tuple(name for name in STDLIB if re.search(rf"(?<![\w.]){name}\.", body))

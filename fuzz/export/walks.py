@@ -4,12 +4,30 @@ does with the views (block copy, connector regions) write either."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from fuzz.case import GroupCase
 from fuzz.export import runner_steps, shaped_steps
 from fuzz.export.code import CONFIG_FIXTURE, Module
-from fuzz.export.finding import FindingFile
+from fuzz.export.finding import FindingFile, contract_of, version_key
 from fuzz.export.placed_views import PROBE as PLACED_PROBE
 from fuzz.export.reach import Reach
+
+PLACED_FROM = "0.29.0"  # the first release that allocates by KVCacheLayout (allocate_kv_cache)
+
+
+def by_generation(finding: FindingFile) -> list[tuple[str, FindingFile]]:
+    """The finding as one finding per allocation generation its affected releases lie in, each named and holding that
+    generation's releases and contract: one walk each (a module writes one)."""
+    parts: dict[str, list[str]] = {}
+    for release in finding.affected:
+        placed = version_key(release) >= version_key(PLACED_FROM)
+        parts.setdefault("from_0_29" if placed else "before_0_29", []).append(release)
+    if len(parts) < 2:
+        return [("", finding)]
+    return [(name, dataclasses.replace(finding, meta={**finding.meta, "affected_versions": releases,
+                                                      "contract": contract_of(releases[-1])}))
+            for name, releases in parts.items()]
 
 
 def checked_groups(finding: FindingFile) -> list[GroupCase] | None:

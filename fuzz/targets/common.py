@@ -25,8 +25,8 @@ from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend, la
 from fuzz.checks import DeeperCheck, checks_for
 from fuzz.checks.planner_fit import NAME as PLANNER_FIT
 from fuzz.errors import BrokenDeclaration, CaseMismatch, Inexpressible, TargetError
-from fuzz.space import accepts, choose_kernel_block_size, layer_reason, layout_reason, packing_reason
-from fuzz.targets import consumers, kernel_probe, planner_fit
+from fuzz.space import accepts, choose_kernel_block_size, layer_reason, layout_reason, packing_reason, record_reason
+from fuzz.targets import capability, consumers, kernel_probe, planner_fit
 from fuzz.targets.base import BackendInfo, BufferRecord, Execution, Outcome, TargetInfo, ViewRecord, probe_kind
 from fuzz.targets.calls import call_mismatch
 from fuzz.targets.entry_points import Probe
@@ -271,6 +271,7 @@ class Adapter:
         if self.quant_enum is not None and self.quant_lookup is None:
             self.off["quant modes"] = probe.missing("quant-mode lookup") + "; specs take the case's own quant mode, unchecked"
         self.backend_classes = self._backend_catalog()
+        self.refused_on_gpus: dict[str, frozenset[str]] = {}  # backend -> cache dtypes no GPU it supports accepts
         self.spec_classes = {kind: cls for kind, name in SPEC_CLASSES.items() if (cls := probe.spec_class(name)) is not None}
         self.spec_kinds = tuple(kind for kind in SPEC_CLASSES if kind in self.spec_classes and self.supports_kind(kind))
         self._synthetic: dict[SyntheticBackend, type] = {}
@@ -443,6 +444,7 @@ class Adapter:
         described = []
         for name, cls in list(self.backend_classes.items()):
             try:
+                capability.ask_on_supported_gpu(cls)
                 described.append(self.describe_backend(name, cls))
             except Exception:  # noqa: BLE001 - a backend that cannot describe itself here is left out
                 del self.backend_classes[name]
@@ -454,13 +456,23 @@ class Adapter:
 
     def base_backend_info(self, name: str, cls: type, **extra: Any) -> BackendInfo:
         compresses = name in COMPRESSING_BACKENDS or any(cls.__module__.startswith(m + ".") for m in COMPRESSING_MODULES)
+        kernel_block_sizes = tuple(kernel_size_label(s) for s in cls.get_supported_kernel_block_sizes())
+        cache_dtypes = self.stored_cache_dtypes(cls, tuple(getattr(cls, "supported_kv_cache_dtypes", None) or ("auto",)))
+        head_sizes = kernel_probe.declared_head_sizes(cls)
+        refused = capability.refused_everywhere(cls, cache_dtypes, head_sizes[0] if head_sizes else 128,
+                                                next((s for s in kernel_block_sizes if isinstance(s, int)), 16))
+        if refused:
+            self.refused_on_gpus[name] = refused
+            cache_dtypes = tuple(d for d in cache_dtypes if d not in refused)
+            if not cache_dtypes:
+                raise ValueError(f"{name}: no GPU it supports accepts any of its cache dtypes")
         return BackendInfo(
             name=name,
             is_mla=compresses or bool(getattr(cls, "is_mla", lambda: False)()),
             compresses=compresses,
-            kernel_block_sizes=tuple(kernel_size_label(s) for s in cls.get_supported_kernel_block_sizes()),
+            kernel_block_sizes=kernel_block_sizes,
             model_dtypes=tuple(DTYPE_NAMES[d] for d in getattr(cls, "supported_dtypes", ()) if d in DTYPE_NAMES),
-            cache_dtypes=self.stored_cache_dtypes(cls, tuple(getattr(cls, "supported_kv_cache_dtypes", None) or ("auto",))),
+            cache_dtypes=cache_dtypes,
             **extra,
         )
 
@@ -533,6 +545,9 @@ class Adapter:
                 return f"field kind: {spec.kind} specs are not in vLLM {info.vllm_version}"
             if group.backend is not None and group.backend not in self.backend_classes:
                 return f"field backend: {group.backend} is not importable here"
+            if spec.cache_dtype in self.refused_on_gpus.get(group.backend or "", ()):
+                return (f"field cache_dtype: no GPU {group.backend} supports accepts {spec.cache_dtype} "
+                        "(its supports_combination)")
             for field, default in FIELD_DEFAULTS.items():
                 if getattr(spec, field) != default and not info.can(spec.kind, field) and not self.implied(spec, field):
                     return f"field {field}: {spec.kind} specs of vLLM {info.vllm_version} have none"
@@ -540,7 +555,7 @@ class Adapter:
                 return f"field block_stride_alignment: {spec.kind} specs of vLLM {info.vllm_version} have none"
             if spec.block_stride_multiple_of is not None and not hasattr(self.attention_spec, "get_block_stride_alignment"):
                 return f"field block_stride_alignment: vLLM {info.vllm_version} takes none in whole kernel blocks"
-            reason = self._dtype_reason(spec, info)
+            reason = self._dtype_reason(spec, info) or record_reason(spec, info)
             if reason is not None:
                 return reason
         return None

@@ -109,7 +109,7 @@ def _not_probed(group: GroupCase) -> str | None:
 
 def _writer(backend: type, group: GroupCase, walk: Walk) -> Writer:
     spec = group.spec
-    sizes = _declared_head_sizes(backend)
+    sizes = declared_head_sizes(backend)
     if sizes and spec.head_size not in sizes:
         raise Unusable(f"{backend.get_name()} declares no head size {spec.head_size}")
     try:
@@ -148,7 +148,7 @@ def _source(code: Any) -> str:
         return "head_size_v"  # no source to read: the write itself shows whether it can
     
 
-def _declared_head_sizes(backend: type) -> list[int]:
+def declared_head_sizes(backend: type) -> list[int]:
     try:
         return list(backend.get_supported_head_sizes())
     except Exception:  # noqa: BLE001 - a backend that declares none takes any
