@@ -276,10 +276,3 @@ CASES = {"0.22.0": 60, "0.23.0": 60, "0.28.0": 60, "0.29.0": 600, "installed": 6
 def test_installed_every_function_driven_or_explained() -> None:
     installed_root()
     assert_every_function_driven_or_explained("installed")
-
-
-@pytest.mark.slow
-@pytest.mark.releases
-@pytest.mark.parametrize("version", ["0.22.0", "0.23.0", "0.28.0", "0.29.0", "0.34.0"])
-def test_release_every_function_driven_or_explained(version: str) -> None:
-    assert_every_function_driven_or_explained(version)
