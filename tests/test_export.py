@@ -231,8 +231,20 @@ def test_a_triton_zeroing_module_runs_the_runners_zeroer_on_the_views():
     source = export(found, reach_of(found.case, found.meta, None)).source
     assert '"shaped-0.23": [\n        {"buffer_of": ("model.layers.0.self_attn.attn", 0), "must_clear": [(0, 1024)]},' in source
     assert 'kernel_runnable_here(monkeypatch, sys.modules[KVBlockZeroer.__module__], "_zero_kv_blocks_kernel")' in source
-    assert "lambda: zeroer.zero_block_ids([BLOCK])" in source
+    assert "check_zeroing(kv_caches, ZEROING[release_contract()], BLOCK, zero)" in source
+    assert "    zeroer.zero_block_ids([BLOCK])" in source
     assert "\nimport os\n" in source and "\nimport types\n" in source
+
+
+def test_a_zeroer_whose_stores_pass_the_cache_is_held_to_clearing_its_block_and_to_storing_inside_the_cache():
+    """#27 past the cache (0.28): zeroing block 1 of two writes the 2,048 bytes after the cache. Inside the buffers that shows
+    as block 1 left as it was, so the module checks what must be cleared; under Triton's interpreter it drops the stray
+    stores (they would corrupt the test process) and fails on their count."""
+    found = read_finding(FINDINGS / "4fcbea419a76-f93e86d1c02bfbdd.json")
+    source = export(found, None).source
+    assert '"must_clear": [(1024, 2048)]' in source and '"may_change": [' not in source
+    assert "stray = guard_stores(monkeypatch, kv_caches)" in source
+    assert 'assert not stray[0], f"zeroing block {BLOCK} stores {stray[0]} bytes outside every buffer of the cache"' in source
 
 
 def test_an_mla_layer_spec_module_asks_vllms_layer_for_its_spec():

@@ -130,7 +130,8 @@ def test_the_triton_zeroing_modules_on_the_release_that_fixed_one_and_broke_the_
     from fuzz.export.isolated import run_isolated_many
 
     want = {"e1619f3c765d-9c7782ebc01380b0": "pass", "7768162ba306-395036546b18d807": "pass",  # #21
-            "f056026d23a0-8f606f1e52c53bee": "fail"}  # #27
+            "f056026d23a0-8f606f1e52c53bee": "fail",  # #27
+            "4fcbea419a76-f93e86d1c02bfbdd": "fail"}  # #27 past the cache: the stray stores counted, not written
     names = {}
     for stem, outcome in want.items():
         found = read_finding(FINDINGS / f"{stem}.json")

@@ -51,6 +51,17 @@ def test_zeroing_another_block_escapes():
     assert found is not None and found.kind == "zero-escape" and found.function == "method"
 
 
+def test_stores_past_every_buffer_escape_even_when_the_buffers_look_untouched():
+    # The interpreter dropped 2,048 bytes of stores aimed right after buffer 0 (fuzz/targets/triton_interp.py guarded).
+    entry = {"block": 1, "zeroed": [], "dirtied": [], "outside": {"bytes": 2048, "first": [0, 0]}}
+    found = judge(two_layers(), zero(entry))
+    assert found.kind == "zero-escape"
+    assert found.message.endswith("zeroing block 1 writes 2048 bytes outside every KV-cache buffer, the first 0 bytes past the "
+                                  "end of buffer 0")
+    before = judge(two_layers(), zero({**entry, "outside": {"bytes": 8, "first": [0, -64]}}))
+    assert before.message.endswith("the first 64 bytes before buffer 0")
+
+
 def test_zeroing_half_a_block_misses_and_names_the_layer():
     half = [0, 4 * PAGE, 4 * PAGE + PAGE // 2]
     found = judge(two_layers(), zero({"block": 1, "zeroed": [block(0, 1), half], "dirtied": []}))

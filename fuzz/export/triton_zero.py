@@ -34,6 +34,41 @@ RUNNABLE = '''
 '''
 
 
+STORES_INSIDE = '''
+    def guard_stores(monkeypatch, kv_caches):
+        """Under Triton's interpreter a kernel writes this process's memory: a store aimed outside every buffer of the cache
+        is dropped (it would corrupt the heap) and its bytes counted in the list returned. Where Triton compiled the kernel
+        (a GPU) nothing is guarded: such a store is the GPU's illegal memory access."""
+        stray = [0]
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            return stray
+        from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+
+        bounds = set()
+        for view in kv_caches.values():
+            for tensor in view if isinstance(view, (list, tuple)) else [view]:
+                storage = tensor.untyped_storage()
+                bounds.add((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+        store = InterpreterBuilder.create_masked_store
+
+        def kept_inside(self, ptrs, value, mask, cache_policy):
+            size = value.data.dtype.itemsize
+            wanted = mask.data.astype(bool)
+            addresses = ptrs.data[wanted]
+            inside = None
+            for start, end in bounds:
+                here = (addresses >= start) & (addresses + size <= end)
+                inside = here if inside is None else inside | here
+            stray[0] += int((~inside).sum()) * size
+            kept = wanted.copy()
+            kept[wanted] = inside
+            return store(self, ptrs, value, TensorHandle(kept, mask.dtype), cache_policy)
+
+        monkeypatch.setattr(InterpreterBuilder, "create_masked_store", kept_inside)
+        return stray
+'''
+
+
 def triton_zero_test(finding: FindingFile, reach: Reach | None) -> Module:
     case = finding.case
     if not case.touches or "zeroer" not in case.touches.consumers or not case.touches.blocks:
@@ -51,6 +86,7 @@ def triton_zero_test(finding: FindingFile, reach: Reach | None) -> Module:
     module.add(BOUND_LAYER)
     module.add(ZEROER, "KVBlockZeroer")
     module.add(RUNNABLE)
+    module.add(STORES_INSIDE)
     module.add(zeroing.CHECK)
     module.add(zeroing.zeroing_literal(finding, block, ("zeroer",)))
     cache_dtype = next((g.spec.cache_dtype for g in case.groups if g.spec.kind != "mamba"), "auto")
@@ -59,8 +95,14 @@ def triton_zero_test(finding: FindingFile, reach: Reach | None) -> Module:
         '    pytest.skip("vLLM zeroes no block of this model (KVCacheConfig.needs_kv_cache_zeroing is False)")',
         f'zeroer = build_zeroer(kv_caches, attn_groups, kernel_block_sizes, "{cache_dtype}")',
         f'kernel_runnable_here(monkeypatch, sys.modules[KVBlockZeroer.__module__], "{KERNEL}")',
+        "stray = guard_stores(monkeypatch, kv_caches)",
+        "",
+        "def zero():",
+        "    zeroer.zero_block_ids([BLOCK])",
+        '    assert not stray[0], f"zeroing block {BLOCK} stores {stray[0]} bytes outside every buffer of the cache"',
+        "",
         view_rules.comment(zeroing.RULE.format(block=block, layers="attention layer that allocates a cache")),
-        "check_zeroing(kv_caches, ZEROING[release_contract()], BLOCK, lambda: zeroer.zero_block_ids([BLOCK]))"])
+        "check_zeroing(kv_caches, ZEROING[release_contract()], BLOCK, zero)"])
     gate = view_rules.add_contract_gate(module, finding, shaped_steps.PROBE)
     name = f"test_zeroing_block_{block}_clears_it_in_every_attention_layer_and_nothing_else"
     module.add(f"def {name}(vllm_config, monkeypatch):\n{gate}{body}\n\n{indent(check)}")

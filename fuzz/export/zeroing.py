@@ -6,6 +6,7 @@ from __future__ import annotations
 from fuzz.export.code import NoTemplate, layer_names
 from fuzz.export.expected import contracts, expectation
 from fuzz.export.finding import FindingFile
+from fuzz.verdict.touch import OUTSIDE_EVERY_BUFFER
 from oracles import touch
 from oracles.expectation import Expectation
 
@@ -60,6 +61,14 @@ HALVES = {"zero-miss": ("must_clear", "the [start, end) byte runs zeroing must c
           "zero-escape": ("may_change", "the only [start, end) byte runs zeroing may change")}
 
 
+def half_of(finding: FindingFile) -> tuple[str, str]:
+    """The half of the rule the finding's module holds vLLM to (HALVES). A zeroer whose stores went past every buffer of
+    the cache (#27 on 0.28) shows inside the buffers as block b left uncleared: its module checks what must be cleared."""
+    if finding.kind == "zero-escape" and OUTSIDE_EVERY_BUFFER in finding.message:
+        return HALVES["zero-miss"]
+    return HALVES[finding.kind]
+
+
 def zeroing_literal(finding: FindingFile, block: int, consumers: tuple[str, ...]) -> str:
     """`ZEROING = {...}`: per contract, per buffer the zeroer's layers lie in, the byte runs zeroing `block` must clear
     (`zero-miss`) or those it may change (`zero-escape`). `consumers`: kvfuzz's names of the zeroers the module may run
@@ -67,7 +76,7 @@ def zeroing_literal(finding: FindingFile, block: int, consumers: tuple[str, ...]
     names = layer_names(finding.case)
     if finding.kind not in HALVES:
         raise NoTemplate(f"the zeroing exporter checks zero-miss and zero-escape, not {finding.kind}")
-    half, meaning = HALVES[finding.kind]
+    half, meaning = half_of(finding)
     lines = ["# What zeroing the block must do (kvfuzz's oracle for this case), under each contract: per buffer (named by a",
              f"# layer's tensor lying in it), {meaning}.", "ZEROING = {"]
     for contract in contracts(finding):
@@ -80,6 +89,9 @@ def zeroing_literal(finding: FindingFile, block: int, consumers: tuple[str, ...]
         if not all(touch.zeroer_serves(finding.case, expected, consumer) for consumer in consumers):
             raise NoTemplate(f"under {contract} the case's pages are off the zeroer's granule, which it refuses by design")
         runs = touch.owned(expected, layers, block) if half == "must_clear" else touch.tile(finding.case, expected, block)
+        if not runs:
+            raise NoTemplate(f"under {contract} the oracle gives zeroing block {block} no bytes (a shipped backend's declared "
+                             "cache shape no release was asked for?)")
         lines.append(f'    "{contract}": [')
         for buffer in sorted(runs):
             layer, index = _tensor_in(expected, buffer)

@@ -196,10 +196,13 @@ def _zero_records(walk: Walk, touches: Touches, zero: Callable[[list[int]], None
     for block in touches.blocks:
         readback.fill(walk.raw)
         before = readback.snapshot(walk.raw)
-        with triton_interp.launching(walk.device):
+        with triton_interp.launching(walk.device), triton_interp.guarded(walk.raw) as outside:
             zero([block])
         zeroed, dirtied = readback.changed_to(walk.raw, before, 0)
-        blocks.append({"block": block, "zeroed": zeroed, "dirtied": dirtied})
+        entry = {"block": block, "zeroed": zeroed, "dirtied": dirtied}
+        if outside.count:
+            entry["outside"] = {"bytes": outside.count, "first": outside.first}
+        blocks.append(entry)
     return {"blocks": blocks}
 
 

@@ -8,9 +8,11 @@ same code re-bound to the real `triton` modules and jitted runs under the interp
 memory: pointers are host addresses, so a kernel writes the CPU tensors it is given. Where Triton
 works natively (a GPU box) the kernels are real JIT functions already and are used as they are.
 
-The one thing patched besides: launchers written for CUDA ask `torch.cuda.get_device_capability`
+Two things patched besides: launchers written for CUDA ask `torch.cuda.get_device_capability`
 (or vLLM's platform) to size their tiles or gate a dtype; on the CPU they get a fixed answer while
-they run (`launching`).
+they run (`launching`). And a kernel that stores outside the memory it may write (a zeroer past the
+end of the cache) would corrupt this process's heap: inside `guarded`, the interpreter drops such
+stores and counts them, so that a campaign reports them instead of dying later of them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import re
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
 
@@ -81,6 +84,57 @@ def launching(device: torch.device) -> Iterator[None]:
             yield
     finally:
         torch.cuda.get_device_capability = original  # type: ignore[assignment]
+
+
+@dataclass
+class Outside:
+    """Stores the interpreter dropped inside `guarded`: bytes, and the first as (buffer, bytes past its end), the buffer
+    being the one whose end lies nearest below the address."""
+
+    count: int = 0
+    first: tuple[int, int] | None = None
+    _bounds: list[tuple[int, int]] = field(default_factory=list)
+
+    def record(self, addresses: Any, size: int) -> Any:
+        import numpy as np
+
+        inside = np.zeros(addresses.shape, dtype=bool)
+        for start, end in self._bounds:
+            inside |= (addresses >= start) & (addresses + size <= end)
+        stray = addresses[~inside]
+        if stray.size:
+            self.count += int(stray.size) * size
+            if self.first is None:
+                address = int(stray.min())
+                ends = [(index, end) for index, (_, end) in enumerate(self._bounds) if end <= address]
+                index, end = max(ends, key=lambda pair: pair[1]) if ends else (0, self._bounds[0][0])
+                self.first = (index, address - end)
+        return inside
+
+
+@contextmanager
+def guarded(buffers: list[torch.Tensor]) -> Iterator[Outside]:
+    """While it is open, interpreted kernels store only inside `buffers` (whole storages): any other store is dropped
+    and counted in the Outside it yields. A kernel Triton compiled runs as it is (nothing to guard on a GPU here)."""
+    outside = Outside(_bounds=[(b.untyped_storage().data_ptr(), b.untyped_storage().data_ptr() + b.untyped_storage().nbytes())
+                               for b in buffers])
+    try:
+        from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+    except ImportError:
+        yield outside
+        return
+    store = InterpreterBuilder.create_masked_store
+
+    def checked_store(self: Any, ptrs: Any, value: Any, mask: Any, cache_policy: Any) -> Any:
+        size = value.data.dtype.itemsize
+        wanted = mask.data.astype(bool)
+        inside = outside.record(ptrs.data[wanted], size)
+        kept = wanted.copy()
+        kept[wanted] = inside
+        return store(self, ptrs, value, TensorHandle(kept, mask.dtype), cache_policy)
+
+    with mock.patch.object(InterpreterBuilder, "create_masked_store", checked_store):
+        yield outside
 
 
 @contextmanager

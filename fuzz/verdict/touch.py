@@ -36,6 +36,8 @@ from oracles.strided import Strided, element_starts
 
 Found = Callable[..., Finding]
 
+OUTSIDE_EVERY_BUFFER = "outside every KV-cache buffer"  # stores a kernel aimed past the case's buffers
+
 
 def check(case: Case, expected: Expectation, outcome: Outcome) -> Finding | None:
     """The first thing a consumer or cache write did wrong, or None."""
@@ -111,6 +113,12 @@ def _zero(case: Case, expected: Expectation, buffers: dict[int, int], name: str,
     function = where.rsplit(".", 1)[-1]
     for entry in record["blocks"]:
         block = entry["block"]
+        if "outside" in entry:  # stores the kernel aimed past every buffer of the cache (dropped: fuzz/targets/triton_interp.py)
+            stray = entry["outside"]
+            buffer, past = stray["first"]
+            first = f"{past} bytes past the end of buffer {buffer}" if past >= 0 else f"{-past} bytes before buffer {buffer}"
+            return found("zero-escape", function,
+                         f"{where}: zeroing block {block} writes {stray['bytes']} bytes {OUTSIDE_EVERY_BUFFER}, the first {first}")
         zeroed = _bytes(entry["zeroed"], buffers)
         outside = touch.minus(touch.union(zeroed, _bytes(entry["dirtied"], buffers)), touch.tile(case, expected, block))
         if outside:
