@@ -24,10 +24,11 @@ import re
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
+import numpy as np
 import torch
 
 # The answer launchers get on the CPU: any capability works, it only caps tile sizes.
@@ -91,23 +92,21 @@ class Outside:
     """Stores the interpreter dropped inside `guarded`: bytes, and the first as (buffer, bytes past its end), the buffer
     being the one whose end lies nearest below the address."""
 
+    bounds: list[tuple[int, int]]  # [start, end) of each buffer's storage
     count: int = 0
     first: tuple[int, int] | None = None
-    _bounds: list[tuple[int, int]] = field(default_factory=list)
 
     def record(self, addresses: Any, size: int) -> Any:
-        import numpy as np
-
         inside = np.zeros(addresses.shape, dtype=bool)
-        for start, end in self._bounds:
+        for start, end in self.bounds:
             inside |= (addresses >= start) & (addresses + size <= end)
         stray = addresses[~inside]
         if stray.size:
             self.count += int(stray.size) * size
             if self.first is None:
                 address = int(stray.min())
-                ends = [(index, end) for index, (_, end) in enumerate(self._bounds) if end <= address]
-                index, end = max(ends, key=lambda pair: pair[1]) if ends else (0, self._bounds[0][0])
+                ends = [(index, end) for index, (_, end) in enumerate(self.bounds) if end <= address]
+                index, end = max(ends, key=lambda pair: pair[1]) if ends else (0, self.bounds[0][0])
                 self.first = (index, address - end)
         return inside
 
@@ -116,8 +115,11 @@ class Outside:
 def guarded(buffers: list[torch.Tensor]) -> Iterator[Outside]:
     """While it is open, interpreted kernels store only inside `buffers` (whole storages): any other store is dropped
     and counted in the Outside it yields. A kernel Triton compiled runs as it is (nothing to guard on a GPU here)."""
-    outside = Outside(_bounds=[(b.untyped_storage().data_ptr(), b.untyped_storage().data_ptr() + b.untyped_storage().nbytes())
-                               for b in buffers])
+    outside = Outside([(b.untyped_storage().data_ptr(), b.untyped_storage().data_ptr() + b.untyped_storage().nbytes())
+                       for b in buffers])
+    if not interpreting():
+        yield outside
+        return
     try:
         from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
     except ImportError:
