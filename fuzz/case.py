@@ -19,6 +19,36 @@ from fuzz.errors import CaseError
 
 SCHEMA_VERSION = 1
 
+
+def replace(record: Any, /, **changes: Any) -> Any:
+    """`dataclasses.replace` at a fraction of its cost, for kvfuzz's frozen records (a campaign makes tens per case).
+
+    A record whose class has no `__post_init__` and only init fields is copied field by field; any other dataclass
+    (vLLM's, for instance) goes through `dataclasses.replace` itself.
+    """
+    names = _plain_fields(type(record))
+    if names is None:
+        return dataclasses.replace(record, **changes)
+    unknown = changes.keys() - names
+    if unknown:
+        raise TypeError(f"{type(record).__name__} has no field {sorted(unknown)[0]!r}")
+    copy = object.__new__(type(record))
+    copy.__dict__.update(record.__dict__)
+    copy.__dict__.update(changes)
+    return copy
+
+
+_PLAIN_FIELDS: dict[type, frozenset[str] | None] = {}
+
+
+def _plain_fields(cls: type) -> frozenset[str] | None:
+    """The field names of a dataclass that a field-by-field copy replaces faithfully; None where it would not."""
+    if cls not in _PLAIN_FIELDS:
+        fields = dataclasses.fields(cls)
+        plain = (not hasattr(cls, "__post_init__") and not hasattr(cls, "__slots__") and all(f.init for f in fields))
+        _PLAIN_FIELDS[cls] = frozenset(f.name for f in fields) if plain else None
+    return _PLAIN_FIELDS[cls]
+
 SPEC_KINDS = (
     "full",
     "sliding_window",
@@ -217,7 +247,7 @@ class GroupCase:
         """The spec of the group's layer at `position`."""
         if not self.layer_heads:
             return self.spec
-        return dataclasses.replace(self.spec, num_kv_heads=self.layer_heads[position])
+        return replace(self.spec, num_kv_heads=self.layer_heads[position])
 
     @property
     def layer_specs(self) -> tuple[SpecCase, ...]:
@@ -548,10 +578,6 @@ def _int(value: Any, where: str, minimum: int) -> int:
 def _expect(condition: bool, where: str, message: str) -> None:
     if not condition:
         raise CaseError(f"{where}: {message}")
-
-
-def replace(case: Case, **changes: Any) -> Case:
-    return dataclasses.replace(case, **changes)
 
 
 __all__ = [

@@ -20,7 +20,6 @@ Sources: `RandomSource` (the campaign's fast path), `fuzz.strategies.HypothesisS
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import functools
 import random
 from collections.abc import Sequence
@@ -289,7 +288,7 @@ def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_grou
     if not touches:
         return case
     # Drawn after them, so the layout a seed draws does not depend on them (campaigns keep them on some cases only: for_run).
-    return dataclasses.replace(case, touches=_touches(source, info, case))
+    return replace(case, touches=_touches(source, info, case))
 
 
 def _with_options(source: Source, info: TargetInfo, case: Case) -> Case:
@@ -326,7 +325,7 @@ def _differing_heads(source: Source, group: GroupCase) -> GroupCase:
     heads = [spec.num_kv_heads if source.chance(40) else edge_int(source, 1, most) for _ in group.layers]
     if len(set(heads)) == 1:
         heads[-1] = heads[-1] % most + 1
-    return dataclasses.replace(group, layer_heads=tuple(heads))
+    return replace(group, layer_heads=tuple(heads))
 
 
 def _fewer_heads(source: Source, group: GroupCase) -> GroupCase:
@@ -336,7 +335,7 @@ def _fewer_heads(source: Source, group: GroupCase) -> GroupCase:
     plain = spec.is_attention and not spec.is_mla and spec.page_size_padded is None and spec.num_head_slots is None
     if not plain or group.synthetic_backend is not None or spec.num_kv_heads < 2 or not source.chance(50):
         return group
-    return dataclasses.replace(group, spec=dataclasses.replace(spec, num_kv_heads=edge_int(source, 1, spec.num_kv_heads - 1)))
+    return replace(group, spec=replace(spec, num_kv_heads=edge_int(source, 1, spec.num_kv_heads - 1)))
 
 
 def _can_differ(group: GroupCase) -> bool:
@@ -490,10 +489,10 @@ def for_run(case: Case, consumers: bool, kernel: bool) -> Case:
     touches = case.touches
     if touches is None:
         return case
-    kept = dataclasses.replace(touches, consumers=touches.consumers if consumers else (), tokens=touches.tokens if kernel else ())
+    kept = replace(touches, consumers=touches.consumers if consumers else (), tokens=touches.tokens if kernel else ())
     if not kept.consumers:
-        kept = dataclasses.replace(kept, blocks=(), copies=())
-    return dataclasses.replace(case, touches=kept if kept.size else None)
+        kept = replace(kept, blocks=(), copies=())
+    return replace(case, touches=kept if kept.size else None)
 
 
 def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, layer_count: int, synthetic: bool, shaped: bool,

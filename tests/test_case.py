@@ -1,8 +1,9 @@
+import dataclasses
 import json
 
 import pytest
 
-from fuzz.case import Case, CaseError, GroupCase, SpecCase, dumps, loads
+from fuzz.case import Case, CaseError, GroupCase, SpecCase, dumps, loads, replace
 
 
 def full_case() -> Case:
@@ -64,3 +65,30 @@ def test_runner_spec_source_and_packing_round_trip_and_stay_out_of_old_files():
         with pytest.raises(CaseError) as error:
             loads(json.dumps(data))
         assert str(error.value).startswith(field)
+
+
+def test_replace_copies_like_dataclasses_replace() -> None:
+    spec = SpecCase(kind="full", block_size=16, num_kv_heads=2, head_size=64)
+    group = GroupCase(spec=spec, layers=("l0",), backend="TRITON_ATTN")
+    case = Case(groups=(group,), num_blocks=4)
+    changed = replace(case, num_blocks=7, layout="LBHNC")
+    expected = dataclasses.replace(case, num_blocks=7, layout="LBHNC")
+    assert changed == expected and hash(changed) == hash(expected)
+    assert case.num_blocks == 4 and changed.groups is case.groups
+    assert replace(spec, head_size=128) == dataclasses.replace(spec, head_size=128)
+    with pytest.raises(TypeError, match="no field 'heads'"):
+        replace(spec, heads=3)
+
+
+def test_replace_leaves_a_dataclass_with_post_init_to_dataclasses() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Checked:
+        size: int
+
+        def __post_init__(self) -> None:
+            if self.size < 0:
+                raise ValueError("negative")
+
+    assert replace(Checked(1), size=2) == Checked(2)
+    with pytest.raises(ValueError, match="negative"):
+        replace(Checked(1), size=-1)

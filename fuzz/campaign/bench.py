@@ -5,7 +5,8 @@ target first on the path) measures on the same case mix:
 - bare-reshape: vLLM's allocation and view calls (the function under test) on prebuilt inputs;
 - bare-walk: the whole V2-runner walk kvfuzz calls (planner, kernel block sizes, allocation,
   views) on prebuilt case objects;
-- pipeline: kvfuzz end to end on one core: draw, declare, vLLM walk, oracle, metadata comparison;
+- pipeline: kvfuzz end to end on one core: draw, declare, vLLM walk, oracle, metadata comparison; and the same with
+  vLLM's raw buffers zero-filled where no check reads their bytes (as before fuzz/targets/unfilled.py);
 - peers without any oracle: a plain Hypothesis @given harness over compressed-MLA specs that only
   calls vLLM and checks the storage size, and the same test driven by fuzz_one_input with random bytes;
 - probe kinds side by side, on one mix of drawn cases: metadata only, the physical probe, the kernel
@@ -16,6 +17,7 @@ The command then runs campaigns with 1 and 2 worker processes for the worker-sca
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -69,12 +71,27 @@ def measure(target: Any, seed: int, count: int) -> dict[str, Any]:
     results["bare_reshape_per_s"] = rate(lambda i: calls[i](), len(calls))
     results["bare_walk_per_s"] = rate(lambda i: target.prepare(mix[i], device)(), len(mix))
     results["pipeline_per_s"] = rate(lambda i: run_case(target, draw_or_skip(target, seed + 1, i), "cpu"), 10**9)
+    results["pipeline_filled_buffers_per_s"] = filled_pipeline_rate(target, seed + 1)
+    results["unfilled_vs_filled_buffers"] = results["pipeline_per_s"] / results["pipeline_filled_buffers_per_s"]
     results["pipeline_stages_us"] = stages(target, seed + 2, 2000)
     results.update(peers(target))
     results.update(probe_kinds(target, seed + 3))
     results["pipeline_vs_bare_reshape"] = results["pipeline_per_s"] / results["bare_reshape_per_s"]
     results["pipeline_vs_bare_walk"] = results["pipeline_per_s"] / results["bare_walk_per_s"]
     return results
+
+
+def filled_pipeline_rate(target: Any, seed: int) -> float:
+    """The same pipeline with every raw buffer zero-filled, as vLLM allocates it: the other side of leaving the buffers
+    of a run that reads no byte unfilled (fuzz/targets/unfilled.py)."""
+    from fuzz.targets import common
+
+    unfilled = common.unfilled_buffers
+    common.unfilled_buffers = contextlib.nullcontext  # type: ignore[assignment]
+    try:
+        return rate(lambda i: run_case(target, draw_or_skip(target, seed, i), "cpu"), 10**9)
+    finally:
+        common.unfilled_buffers = unfilled
 
 
 def stages(target: Any, seed: int, count: int) -> dict[str, float]:

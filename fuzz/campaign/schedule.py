@@ -52,6 +52,22 @@ class CheckTally:
         return {**dataclasses.asdict(self), "seconds": round(self.seconds, 3)}
 
 
+class HashedKey:
+    """A check's key with its hash taken once: a key holds a whole case, whose hash walks every group and spec, and the
+    schedule looks each key up several times."""
+
+    __slots__ = ("value", "hash")
+
+    def __init__(self, value: Hashable) -> None:
+        self.value, self.hash = value, hash(value)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HashedKey) and self.hash == other.hash and self.value == other.value
+
+
 @dataclass
 class Plan:
     """A drawn case as it runs: without the checks left out, the ones it runs (by key) and the verdicts it reuses."""
@@ -82,7 +98,7 @@ class Schedule:
         for check in self.checks:
             if not check.applies(drawn):
                 continue
-            tally, key = self.tally[check.name], check.key(drawn)
+            tally, key = self.tally[check.name], HashedKey(check.key(drawn))
             tally.offered += 1
             if key not in self.seen[check.name]:
                 self.seen[check.name].add(key)

@@ -3,10 +3,9 @@ is given is the V2 walk's views of the case and the blocks it zeroes, copies or 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Hashable
 
-from fuzz.case import Case, Touches
+from fuzz.case import Case, Touches, replace
 
 
 def asks_for(case: Case, consumer: str) -> bool:
@@ -17,14 +16,14 @@ def key(case: Case, consumer: str) -> Hashable:
     touches = case.touches
     assert touches is not None
     mine = Touches(consumers=(consumer,), blocks=touches.blocks, copies=touches.copies, tokens=())
-    return dataclasses.replace(case, touches=mine, device=None, runner="v2")
+    return replace(case, touches=mine, device=None, runner="v2")
 
 
 def without(case: Case, consumer: str) -> Case:
     touches = case.touches
     assert touches is not None
     left = tuple(name for name in touches.consumers if name != consumer)
-    kept = dataclasses.replace(touches, consumers=left)
+    kept = replace(touches, consumers=left)
     if not left:
-        kept = dataclasses.replace(kept, blocks=(), copies=())
-    return dataclasses.replace(case, touches=kept if kept.size else None)
+        kept = replace(kept, blocks=(), copies=())
+    return replace(case, touches=kept if kept.size else None)

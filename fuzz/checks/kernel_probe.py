@@ -3,11 +3,10 @@ V2 walk's views of the case."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from fuzz.case import Case
+from fuzz.case import Case, replace
 
 NAME = "kernel-probe"
 
@@ -21,14 +20,14 @@ class KernelProbe:
 
     def key(self, case: Case) -> Hashable:
         assert case.touches is not None
-        mine = dataclasses.replace(case.touches, consumers=(), blocks=(), copies=())
-        return dataclasses.replace(case, touches=mine, device=None, runner="v2")
+        mine = replace(case.touches, consumers=(), blocks=(), copies=())
+        return replace(case, touches=mine, device=None, runner="v2")
 
     def without(self, case: Case) -> Case:
         touches = case.touches
         assert touches is not None
-        kept = dataclasses.replace(touches, tokens=())
-        return dataclasses.replace(case, touches=kept if kept.size else None)
+        kept = replace(touches, tokens=())
+        return replace(case, touches=kept if kept.size else None)
 
 
 CHECK = KernelProbe()

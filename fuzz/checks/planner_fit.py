@@ -3,11 +3,10 @@ the block-count override. The target leaves it out when the worker names it amon
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from fuzz.case import Case
+from fuzz.case import Case, replace
 
 NAME = "planner-fit"
 
@@ -21,7 +20,7 @@ class PlannerFit:
 
     def key(self, case: Case) -> Hashable:
         # The planner sees the specs, layers, packing, platform and layout; not the runners, consumers or cache writes.
-        return dataclasses.replace(case, touches=None, device=None, runner="v2")
+        return replace(case, touches=None, device=None, runner="v2")
 
     def without(self, case: Case) -> Case:
         return case

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from fuzz.case import Case
+from fuzz.case import Case, replace
 
 NAME = "v1-runner"
 
@@ -21,10 +20,10 @@ class V1Runner:
 
     def key(self, case: Case) -> Hashable:
         # The runner builds its views from the whole configuration; consumers and cache writes run on the V2 walk only.
-        return dataclasses.replace(case, touches=None, device=None)
+        return replace(case, touches=None, device=None)
 
     def without(self, case: Case) -> Case:
-        return dataclasses.replace(case, runner="v2")
+        return replace(case, runner="v2")
 
 
 CHECK = V1Runner()

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from dataclasses import replace
 from typing import Any
 
 import torch
 
-from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend, evaluate_shape, parse_shape_entry
+from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend, evaluate_shape, parse_shape_entry, replace
 from fuzz.errors import Inexpressible, TargetError
 from fuzz.targets.base import BackendInfo
 from fuzz.targets.common import Adapter, unique_buffers

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fuzz.case import Case, from_dict, to_dict
+from fuzz.case import Case, from_dict, replace, to_dict
 from oracles.contract import CONTRACTS, Contract
 
 
@@ -178,7 +178,7 @@ class Outcome:
         return self.error_type is not None
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(dataclasses.replace(self, probe=None))
+        data = dataclasses.asdict(replace(self, probe=None))
         if self.probe is not None:
             data["probe"] = {name: [{"buffer": r["buffer"], "bytes": encode_bytes(r["bytes"])} for r in records]
                              for name, records in self.probe.items()}

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 import oracles
-from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend, layout_as
+from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend, layout_as, replace
 from fuzz.checks import DeeperCheck, checks_for
 from fuzz.checks.planner_fit import NAME as PLANNER_FIT
 from fuzz.errors import BrokenDeclaration, CaseMismatch, Inexpressible, TargetError
@@ -33,6 +33,7 @@ from fuzz.targets.entry_points import Probe
 from fuzz.targets.probe import physical_probe, storage_key
 from fuzz.targets.runner_v1 import V1Runner
 from fuzz.targets.spec_builder import LayerSpecs, stored_mla_dtype
+from fuzz.targets.unfilled import unfilled_buffers
 from fuzz.targets.walk import Walk
 from fuzz.tracebacks import innermost_is_kvfuzz, out_of_memory, vllm_path
 from oracles import pages
@@ -511,9 +512,9 @@ class Adapter:
                 if kernel is None:
                     return (f"field kernel_block_size: {backend.name} of vLLM {info.vllm_version} has none for "
                             f"{group.spec.block_size}-token blocks")
-                group = dataclasses.replace(group, kernel_block_size=kernel)
+                group = replace(group, kernel_block_size=kernel)
             groups.append(group)
-        return dataclasses.replace(case, layout=layout, groups=tuple(groups))
+        return replace(case, layout=layout, groups=tuple(groups))
 
     def unsupported(self, case: Case) -> str | None:
         info: TargetInfo = self.info  # type: ignore[attr-defined]
@@ -675,7 +676,7 @@ class Adapter:
 
     def declare(self, case: Case) -> Case:
         """Declaring is idempotent, so cases that already carry their backends' fields may be re-run."""
-        return dataclasses.replace(case, groups=tuple(self.declare_group(g, case.layout) for g in case.groups))
+        return replace(case, groups=tuple(self.declare_group(g, case.layout) for g in case.groups))
 
     def deeper_checks(self) -> tuple[DeeperCheck, ...]:
         """The checks beyond the views this target can run (fuzz/checks), for a campaign's schedule."""
@@ -721,7 +722,7 @@ class Adapter:
                 return Execution(declared, skipped=str(error))
             if specs:
                 outcome = self._with_spec_facts(outcome, specs)
-            outcomes.append(dataclasses.replace(outcome, runner=runner))
+            outcomes.append(replace(outcome, runner=runner))
         return Execution(declared, outcome=outcomes[0], v1=outcomes[1] if len(outcomes) > 1 else None)
 
     def _run(self, case: Case, device: torch.device, probe: bool | str, specs: list[tuple[Any, str | None]], runner: str = "v2") -> Outcome:
@@ -736,24 +737,26 @@ class Adapter:
     def _run_walk(self, case: Case, device: torch.device, probe: bool | str, specs: list[tuple[Any, str | None]], runner: str) -> Outcome:
         prepared = self.prepare(case, device, specs)
         self.walked, self.manager_views = (prepared.config, prepared.attn_groups, prepared.kernel_block_sizes), None
-        if runner == "v1":
-            assert self.v1 is not None
-            views, raw = self.v1.views(case, prepared.config, prepared.attn_groups, prepared.kernel_block_sizes, self.config.cache_config,
-                                       self.config, device)
-        else:
-            views, raw = prepared.views()
-        outcome = dataclasses.replace(self.record(views, raw, dict(case.kv_sharing), prepared.used), planner_fit=prepared.planner_fit,
-                                      planned_blocks=int(prepared.config.num_blocks))
         kind = probe_kind(probe)
-        if device.type == "meta":
-            return outcome
-        if kind == "physical":
-            outcome = dataclasses.replace(outcome, probe=physical_probe(views, raw))
         # A case that names tokens is a kernel-probe case wherever it runs (replay, shrinking, bisect). The consumers
         # and the kernel probe run on the V2 walk's views (from 0.29 the V1 runner's are the same; walk_runners).
         kernel = kind == "kernel" or (case.touches is not None and bool(case.touches.tokens))
-        if runner == "v2" and ((case.touches is not None and case.touches.consumers) or kernel):
-            outcome = dataclasses.replace(outcome, touches=self.touch(case, views, raw, outcome, kernel))
+        touching = runner == "v2" and ((case.touches is not None and bool(case.touches.consumers)) or kernel)
+        with contextlib.nullcontext() if touching or kind == "physical" else unfilled_buffers():
+            if runner == "v1":
+                assert self.v1 is not None
+                views, raw = self.v1.views(case, prepared.config, prepared.attn_groups, prepared.kernel_block_sizes,
+                                           self.config.cache_config, self.config, device)
+            else:
+                views, raw = prepared.views()
+        outcome = replace(self.record(views, raw, dict(case.kv_sharing), prepared.used), planner_fit=prepared.planner_fit,
+                                      planned_blocks=int(prepared.config.num_blocks))
+        if device.type == "meta":
+            return outcome
+        if kind == "physical":
+            outcome = replace(outcome, probe=physical_probe(views, raw))
+        if touching:
+            outcome = replace(outcome, touches=self.touch(case, views, raw, outcome, kernel))
         return outcome
 
     def touch(self, case: Case, views: dict[str, Any], raw: list[torch.Tensor], outcome: Outcome, kernel: bool) -> dict[str, Any]:
@@ -787,7 +790,7 @@ class Adapter:
             if failure is None:
                 raise
             return outcome if outcome.raised else failure
-        return dataclasses.replace(outcome, specs=facts)
+        return replace(outcome, specs=facts)
 
     def spec_facts(self, spec: Any, layer: str | None = None) -> dict[str, Any]:
         """What vLLM's spec says about the page: its quant mode and its page before padding; for a spec vLLM built from a

@@ -18,7 +18,6 @@ float32, uncompressed; other layers say why they were not.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import math
 import sys
@@ -29,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fuzz.case import GroupCase, Touches
+from fuzz.case import GroupCase, Touches, replace
 from fuzz.targets import byte_runs, readback, triton_interp
 from fuzz.targets.base import encode_bytes
 from fuzz.targets.consumers import Unusable, forward_context, layer_backends
@@ -81,7 +80,7 @@ def layer_group(group: GroupCase, position: int) -> GroupCase:
     """The group as its layer at `position` sees it: with that layer's own spec where the group's layers differ in size."""
     if not group.layer_heads:
         return group
-    return dataclasses.replace(group, spec=group.layer_spec(position), layer_heads=())
+    return replace(group, spec=group.layer_spec(position), layer_heads=())
 
 
 def tokens(group: GroupCase, num_blocks: int, touches: Touches | None) -> list[tuple[int, int]]:

@@ -10,7 +10,6 @@ alias their target, and (0.32+) map_kv_caches_to_kernel_blocks gives the views b
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 import inspect
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from typing import Any
 
 import torch
 
-from fuzz.case import Case, GroupCase, SyntheticBackend
+from fuzz.case import Case, GroupCase, SyntheticBackend, replace
 from fuzz.errors import BrokenDeclaration, Inexpressible
 from fuzz.targets import consumers
 from fuzz.targets.base import BackendInfo
@@ -107,7 +106,7 @@ class LayoutPlacedTarget(Adapter):
         if not group.spec.is_attention:
             return group
         if group.synthetic_backend is not None:
-            return dataclasses.replace(group, spec=published_state(group.spec))
+            return replace(group, spec=published_state(group.spec))
         backend = self.backend_class(group)
         if backend is None:
             return group
@@ -118,14 +117,14 @@ class LayoutPlacedTarget(Adapter):
         if group.layer_heads and (custom.num_head_slots, custom.state_content_bytes) != (None, None):
             raise Inexpressible(f"layers that differ in heads on {group.backend_name}, which publishes its page per spec")
         alignment = getattr(custom, "block_stride_alignment", None)
-        spec = dataclasses.replace(
+        spec = replace(
             group.spec,
             num_head_slots=custom.num_head_slots,
             state_content_bytes=custom.state_content_bytes,
             block_stride_alignment=None if alignment is None or hasattr(alignment, "base") else alignment,
             block_stride_multiple_of=alignment.base if hasattr(alignment, "base") else None,
         )
-        return dataclasses.replace(group, spec=_keep_padding_margin(group.spec, spec))
+        return replace(group, spec=_keep_padding_margin(group.spec, spec))
 
     def _check_published(self, group: GroupCase, built: Any, custom: Any) -> None:
         """The head slots and state bytes a backend publishes must hold exactly the heads' K and V (oracles/declarations.py)."""
@@ -262,4 +261,4 @@ def _keep_padding_margin(drawn: Any, declared: Any) -> Any:
     margin = drawn.page_size_padded - pages.unpadded_bytes(drawn, drawn.block_size)
     if margin < 0:
         return declared
-    return dataclasses.replace(declared, page_size_padded=pages.unpadded_bytes(declared, declared.block_size) + margin)
+    return replace(declared, page_size_padded=pages.unpadded_bytes(declared, declared.block_size) + margin)

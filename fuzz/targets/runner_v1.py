@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from fuzz.case import Case
+from fuzz.case import Case, replace
 from fuzz.errors import TargetError
 from fuzz.targets.base import Outcome
 from fuzz.targets.entry_points import Found
@@ -116,7 +116,7 @@ class V1Runner:
         message = outcome.error_message or ""
         for renamed in sorted(self.names, key=len, reverse=True):
             message = message.replace(renamed, self.names[renamed])
-        return dataclasses.replace(outcome, error_message=message, error_layer=self.names.get(outcome.error_layer or "", outcome.error_layer))
+        return replace(outcome, error_message=message, error_layer=self.names.get(outcome.error_layer or "", outcome.error_layer))
 
 
 def _tensor_layers(tensor: Any) -> list[str]:

@@ -8,9 +8,9 @@ so a synthetic backend that takes such a cache dtype publishes them too.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
+from fuzz.case import replace
 from oracles import dtypes, pages
 
 
@@ -23,4 +23,4 @@ def published_state(spec: Any) -> Any:
     if definition is None or definition.plain:
         return spec
     content = pages.defined_content_bytes(spec)
-    return spec if content is None else dataclasses.replace(spec, state_content_bytes=content)
+    return spec if content is None else replace(spec, state_content_bytes=content)

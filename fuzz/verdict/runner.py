@@ -7,12 +7,11 @@ the oracle their layouts must agree with each other (fuzz/verdict/runners.py, `r
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import oracles
-from fuzz.case import Case
+from fuzz.case import Case, replace
 from fuzz.targets.base import Execution, Outcome, Target
 from fuzz.verdict import probe, touch
 from fuzz.verdict.compare import PROCESS_FAILURES, Verdict, compare
@@ -72,7 +71,7 @@ def judge(execution: Execution, target_contract: oracles.Contract, reuse: Reuse 
     found = primary.verdict.status == "finding"
     if execution.v1 is None:
         reused = reuse.verdicts.get(V1_RUNNER)
-        return primary if found or reused is None else dataclasses.replace(primary, verdict=Verdict("finding", reused))
+        return primary if found or reused is None else replace(primary, verdict=Verdict("finding", reused))
     v1 = _judge_outcome(case, execution.v1, target_contract, reuse)
     verdict = primary.verdict if found else v1.verdict
     if verdict.status != "finding":
@@ -125,11 +124,11 @@ def _deeper(case: Case, expectation: Expectation, outcome: Outcome, reuse: Reuse
     named = [*reuse.consumers, *(case.touches.consumers if case.touches is not None else ())]
     for name in dict.fromkeys(named):
         if name in ran:
-            yield judged(CONSUMER + name, touch.check(case, expectation, dataclasses.replace(outcome, touches={"consumers": {name: ran[name]}})))
+            yield judged(CONSUMER + name, touch.check(case, expectation, replace(outcome, touches={"consumers": {name: ran[name]}})))
         elif CONSUMER + name in reused:
             yield reused[CONSUMER + name]
     if touched.get("kernel"):
-        yield judged(KERNEL_PROBE, touch.check(case, expectation, dataclasses.replace(outcome, touches={"kernel": touched["kernel"]})))
+        yield judged(KERNEL_PROBE, touch.check(case, expectation, replace(outcome, touches={"kernel": touched["kernel"]})))
     elif KERNEL_PROBE in reused:
         yield reused[KERNEL_PROBE]
 
