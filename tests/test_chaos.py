@@ -364,10 +364,12 @@ def test_a_wrapped_0_23_that_misbehaves_on_some_buffer_sizes(release_023, tmp_pa
     tree = make_tree(tmp_path / "tree", RESHAPE_023, BUCKET_RULES, base=release_023)
     corpus = shutil.copytree(REPO / "corpus" / "findings", tmp_path / "corpus")
     kept = set(corpus.glob("*.json"))
-    result, seconds = kvfuzz("run", "--vllm", str(tree), "--max-time", "25", "--workers", "2", "--case-timeout", "2",
+    # The target's start counts against --max-time: on a loaded 2-core box importing the wrapped 0.23 took over 20 s.
+    budget = 32
+    result, seconds = kvfuzz("run", "--vllm", str(tree), "--max-time", str(budget), "--workers", "2", "--case-timeout", "2",
                              "--corpus", str(corpus), "--report", str(tmp_path / "report.json"), "--junit", str(tmp_path / "junit.xml"),
                              "--quiet")
-    assert seconds <= 25 + MARGIN
+    assert seconds <= budget + MARGIN
     report = json.loads((tmp_path / "report.json").read_text())
     assert result.returncode == (1 if report["findings"] else 0), result
     assert report["stop_reason"] == "max-time" and report["target"]["generation"] == "G3"
