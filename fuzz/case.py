@@ -33,7 +33,8 @@ def replace(record: Any, /, **changes: Any) -> Any:
     if unknown:
         raise TypeError(f"{type(record).__name__} has no field {sorted(unknown)[0]!r}")
     copy = object.__new__(type(record))
-    copy.__dict__.update(record.__dict__)
+    values = record.__dict__
+    copy.__dict__.update({name: values[name] for name in names})  # fields only, as dataclasses.replace (no cached values)
     copy.__dict__.update(changes)
     return copy
 

@@ -92,3 +92,19 @@ def test_replace_leaves_a_dataclass_with_post_init_to_dataclasses() -> None:
     assert replace(Checked(1), size=2) == Checked(2)
     with pytest.raises(ValueError, match="negative"):
         replace(Checked(1), size=-1)
+
+
+def test_replace_carries_fields_only() -> None:
+    import functools
+
+    @dataclasses.dataclass(frozen=True)
+    class Sized:
+        blocks: int
+
+        @functools.cached_property
+        def doubled(self) -> int:
+            return 2 * self.blocks
+
+    small = Sized(2)
+    assert small.doubled == 4
+    assert replace(small, blocks=5).doubled == 10
