@@ -50,6 +50,7 @@ def _plain_fields(cls: type) -> frozenset[str] | None:
         _PLAIN_FIELDS[cls] = frozenset(f.name for f in fields) if plain else None
     return _PLAIN_FIELDS[cls]
 
+
 SPEC_KINDS = (
     "full",
     "sliding_window",

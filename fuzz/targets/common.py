@@ -742,7 +742,8 @@ class Adapter:
         # and the kernel probe run on the V2 walk's views (from 0.29 the V1 runner's are the same; walk_runners).
         kernel = kind == "kernel" or (case.touches is not None and bool(case.touches.tokens))
         touching = runner == "v2" and ((case.touches is not None and bool(case.touches.consumers)) or kernel)
-        with contextlib.nullcontext() if touching or kind == "physical" else unfilled_buffers():
+        reads_bytes = touching or kind == "physical"
+        with contextlib.nullcontext() if reads_bytes else unfilled_buffers():
             if runner == "v1":
                 assert self.v1 is not None
                 views, raw = self.v1.views(case, prepared.config, prepared.attn_groups, prepared.kernel_block_sizes,
@@ -750,7 +751,7 @@ class Adapter:
             else:
                 views, raw = prepared.views()
         outcome = replace(self.record(views, raw, dict(case.kv_sharing), prepared.used), planner_fit=prepared.planner_fit,
-                                      planned_blocks=int(prepared.config.num_blocks))
+                          planned_blocks=int(prepared.config.num_blocks))
         if device.type == "meta":
             return outcome
         if kind == "physical":
