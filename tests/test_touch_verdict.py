@@ -101,6 +101,25 @@ def test_a_copy_onto_another_block_escapes():
     assert found is not None and found.kind == "copy-escape"
 
 
+def test_a_copy_reported_in_many_short_runs_is_judged_byte_for_byte():
+    # Over a random fill pattern a copy leaves some destination bytes as they were (the source's byte happened to match),
+    # so its changed bytes come as many short runs.
+    whole = copy_record(0, 2, [(2 * PAGE, 0), (5 * PAGE, 3 * PAGE)])
+    entry = whole["consumers"]["copy"]["copies"][0]
+    data = b"".join(bytes.fromhex(text) for text in entry["values"])
+    targets = [start + i for _, start, end in entry["changed"] for i in range(end - start)]
+    cuts = range(0, len(targets), 64)  # 64 divides a page: no run straddles the two pages
+    entry["changed"] = [[0, targets[i], targets[i] + 64] for i in cuts]
+    entry["values"] = [data[i:i + 64].hex() for i in cuts]
+    assert judge(two_layers(), whole) is None
+    wrong = bytearray(bytes.fromhex(entry["values"][37]))
+    wrong[5] ^= 0xFF
+    entry["values"][37] = wrong.hex()
+    found = judge(two_layers(), whole)
+    assert found is not None and found.kind == "copy-wrong"
+    assert "1 bytes of block 2" in found.message and f"at byte {2 * PAGE + 37 * 64 + 5}" in found.message
+
+
 def region(intervals: list[list[int]], layers=("l0", "l1")) -> dict:
     return {"consumers": {"offload": {"kind": "region", "where": WHERE, "layers": list(layers), "blocks": [{"block": 1, "region": intervals}]}}}
 

@@ -19,12 +19,35 @@ def pattern_bytes(buffer: int, size: int) -> np.ndarray:
 
 
 def pattern_slice(buffer: int, start: int, end: int) -> np.ndarray:
-    """Bytes start..end-1 of `pattern_bytes(buffer, ...)`, worked out a chunk at a time (the arithmetic is 64-bit per byte)."""
+    """Bytes start..end-1 of buffer `buffer`'s fill pattern, read-only. Each byte is a hash of (buffer, offset), so a byte
+    that lands in another buffer or at another offset, however far, almost always differs from the one expected there.
+    A campaign asks for the same few buffers' patterns on every case that runs a consumer: they are worked out once."""
+    if end <= CACHED_BYTES and buffer < CACHED_BUFFERS:
+        known = _patterns.get(buffer)
+        if known is None or known.size < end:
+            size = min(CACHED_BYTES, max(end, 2 * (known.size if known is not None else 0), 1 << 16))
+            known = _patterns[buffer] = _worked_out(buffer, 0, size)
+            known.flags.writeable = False
+        return known[max(0, start):max(start, end)]
+    return _worked_out(buffer, start, end)
+
+
+CACHED_BUFFERS = 16
+CACHED_BYTES = 1 << 22  # of each buffer's pattern, kept once worked out
+_patterns: dict[int, np.ndarray] = {}
+
+
+def _worked_out(buffer: int, start: int, end: int) -> np.ndarray:
+    """The pattern's bytes a chunk at a time: the top byte of a 64-bit mix of (buffer, offset), so every bit of both counts."""
     out = np.empty(max(0, end - start), dtype=np.uint8)
+    salt = np.uint64(buffer * 0x9E3779B97F4A7C15 % (1 << 64))  # Python ints: numpy warns on a scalar overflow
     for lo in range(start, end, PATTERN_CHUNK):
         hi = min(end, lo + PATTERN_CHUNK)
-        offsets = np.arange(lo, hi, dtype=np.uint64) + np.uint64(buffer) * np.uint64(0x10000000)
-        out[lo - start : hi - start] = ((offsets * np.uint64(2654435761)) >> np.uint64(13)).astype(np.uint8)
+        mixed = (np.arange(lo, hi, dtype=np.uint64) + salt) * np.uint64(0xBF58476D1CE4E5B9)
+        mixed ^= mixed >> np.uint64(29)
+        mixed *= np.uint64(0x94D049BB133111EB)
+        out[lo - start : hi - start] = (mixed >> np.uint64(56)).astype(np.uint8)
+    out.flags.writeable = False
     return out
 
 

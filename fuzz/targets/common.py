@@ -742,7 +742,9 @@ class Adapter:
         # and the kernel probe run on the V2 walk's views (from 0.29 the V1 runner's are the same; walk_runners).
         kernel = kind == "kernel" or (case.touches is not None and bool(case.touches.tokens))
         touching = runner == "v2" and ((case.touches is not None and bool(case.touches.consumers)) or kernel)
-        reads_bytes = touching or kind == "physical"
+        # vLLM zero-fills its buffers; only a run that reads a byte it did not write first needs the zeros.
+        reads_bytes = kind == "physical" or (touching and case.touches is not None
+                                             and not consumers.fill_first(self.consumers, case.touches.consumers))
         with contextlib.nullcontext() if reads_bytes else unfilled_buffers():
             if runner == "v1":
                 assert self.v1 is not None

@@ -61,6 +61,17 @@ class Consumer:
     run: Callable[[Walk, Touches], dict[str, Any]]
 
 
+# Kinds of consumer whose run fills every raw buffer with its own bytes before vLLM's code or kvfuzz reads one (the
+# kernel probe does too): their buffers need not come zeroed. A region consumer reads none itself, but the vLLM code it
+# drives may.
+FILLS_FIRST = frozenset({"zero", "copy"})
+
+
+def fill_first(consumers: dict[str, Consumer], names: tuple[str, ...]) -> bool:
+    """Whether every consumer named that this vLLM has fills the buffers before anything reads them."""
+    return all(consumers[name].kind in FILLS_FIRST for name in names if name in consumers)
+
+
 class Unusable(Exception):
     """The consumer cannot run on this walk: why, one line (a skip, never a finding)."""
 

@@ -22,7 +22,7 @@ def fill_pattern(raw: list[torch.Tensor]) -> None:
     """Every byte a value derived from its buffer and offset (`pattern_bytes`), so a moved byte shows where it came from."""
     for index, buffer in enumerate(raw):
         flat = buffer.view(torch.uint8)
-        flat.copy_(torch.from_numpy(pattern_bytes(index, flat.numel())).to(flat.device))
+        flat.copy_(torch.from_numpy(pattern_bytes(index, flat.numel()).copy()).to(flat.device))
 
 
 def host_bytes(buffer: torch.Tensor) -> np.ndarray:
@@ -59,7 +59,8 @@ def changed_to(raw: list[torch.Tensor], before: list[np.ndarray], value: int) ->
 
 def values(raw: list[torch.Tensor], intervals: Intervals) -> list[str]:
     """The bytes now at each interval, hex."""
-    return [host_bytes(raw[b].view(torch.uint8)[s:e]).tobytes().hex() for b, s, e in intervals]
+    now = {b: host_bytes(raw[b]) for b in {b for b, _, _ in intervals}}  # one copy each: a changed set may be many runs
+    return [now[b][s:e].tobytes().hex() for b, s, e in intervals]
 
 
 class Addresses:

@@ -2,7 +2,8 @@
 
 vLLM allocates each raw buffer with `torch.zeros`. Filling it is about a third of a metadata-only case's time, and no
 fact the view path compares (shapes, strides, offsets, the buffer each view lies on, sizes) depends on the fill. Where a
-run reads no byte back (no physical probe, no consumer, no cache write), the byte buffers come from `torch.empty`
+run reads no byte it has not written first (no physical probe, no region consumer; the zeroers, the block copy and the
+kernel probe fill every buffer with their own bytes before they start), the byte buffers come from `torch.empty`
 instead: real memory on the chosen device, holding the same views. Tensors of other dtypes are still zeroed.
 """
 

@@ -160,7 +160,7 @@ def _not_copied(entry: dict[str, Any], buffers: dict[int, int], buffer: int, par
     first in the views' element order, and which; None if every one does."""
     spans = [touch.layout_spans(part.target) for part in parts]
     mine = _outcome_buffer(buffers, buffer)
-    now = _after(entry, buffers, buffer, pattern_bytes(mine, max((int(s.ends[-1]) for s in spans if s), default=0)))
+    now = _after(entry, buffers, buffer, pattern_bytes(mine, max((int(s.ends[-1]) for s in spans if s), default=0)).copy())
     count, first, wrong = 0, None, touch.EMPTY
     for part, targets in zip(parts, spans, strict=True):
         runs: list[tuple[int, int]] = []
@@ -176,10 +176,18 @@ def _not_copied(entry: dict[str, Any], buffers: dict[int, int], buffer: int, par
 
 
 def _after(entry: dict[str, Any], buffers: dict[int, int], buffer: int, before: np.ndarray) -> np.ndarray:
-    """The bytes 0..len(before)-1 of expected buffer `buffer` after the copy: `before` with the changed bytes' new values."""
-    for (at, start, end), text in zip(entry["changed"], entry["values"], strict=True):
-        if buffers.get(at, -1 - at) == buffer and start < before.size:
-            before[start:min(end, before.size)] = np.frombuffer(bytes.fromhex(text), dtype=np.uint8)[: before.size - start]
+    """The bytes 0..len(before)-1 of expected buffer `buffer` after the copy: `before` with the changed bytes' new values
+    (scattered at once: a copy over a random pattern leaves its changed bytes in many short runs)."""
+    runs = [(start, text) for (at, start, _), text in zip(entry["changed"], entry["values"], strict=True)
+            if buffers.get(at, -1 - at) == buffer and start < before.size]
+    if not runs:
+        return before
+    data = np.frombuffer(bytes.fromhex("".join(text for _, text in runs)), dtype=np.uint8)
+    lengths = np.array([len(text) // 2 for _, text in runs])
+    starts = np.array([start for start, _ in runs])
+    positions = np.arange(data.size) + np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    kept = positions < before.size
+    before[positions[kept]] = data[kept]
     return before
 
 
