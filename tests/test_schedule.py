@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 
 import pytest
 
 from fuzz.campaign.schedule import Schedule
 from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend, Touches
-from fuzz.checks import ConsumerCheck
+from fuzz.checks import ConsumerCheck, timing
 from fuzz.checks import kernel_probe as kernel_check
 from fuzz.checks import planner_fit as planner_check
 from fuzz.checks import v1_runner as v1_check
@@ -140,3 +141,46 @@ def test_reused_verdicts_are_the_verdicts_every_check_gives(kvfuzz_target) -> No
         schedule.record(plan, result, 0.0)
         assert outcome_of(result) == every[index], cases[index]
     assert reused > len(cases) // 4
+
+
+def test_a_check_is_charged_its_own_seconds_and_an_unmeasured_one_the_rest() -> None:
+    schedule = Schedule((ConsumerCheck("copy"), ConsumerCheck("zeroer")), share=1.0, floor=1.0, clock=Clock())
+    view_only = schedule.plan(a_case(touches=None, runner="v2"))
+    schedule.record(view_only, None, seconds=2.0)  # the view path's running mean starts at 2 s
+    plan = schedule.plan(with_touches(tokens=()))
+    assert set(plan.running) == {"consumer:copy", "consumer:zeroer"}
+    judged = CaseResult(plan.case, verdict=None, checks={"consumer:copy": None, "consumer:zeroer": None})  # type: ignore[arg-type]
+    schedule.record(plan, judged, seconds=12.0, spent={"consumer:copy": 0.5})
+    assert schedule.tally["consumer:copy"].seconds == pytest.approx(0.5)
+    assert schedule.tally["consumer:zeroer"].seconds == pytest.approx(12.0 - 2.0 - 0.5)
+
+
+def test_a_check_timed_inside_another_is_charged_to_itself_only(monkeypatch) -> None:
+    now = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+    timing.take()
+    with timing.timed("v1-runner"):
+        now[0] += 3.0
+        with timing.timed("planner-fit"):
+            now[0] += 2.0
+        with timing.timed("v1-runner"):
+            now[0] += 1.0
+    assert timing.take() == {"v1-runner": 4.0, "planner-fit": 2.0}
+    assert timing.take() == {}
+
+
+def test_every_check_judged_on_a_case_reports_its_time(kvfuzz_target) -> None:
+    target = kvfuzz_target
+    if not hasattr(target, "deeper_checks"):
+        pytest.skip("checks time themselves in the process that runs them: an in-process target")
+    judged_checks: set[str] = set()
+    for case in drawn(target, 150):
+        timing.take()
+        started = time.perf_counter()
+        result = run_case(target, case, "cpu")
+        wall = time.perf_counter() - started
+        spent = timing.take()
+        assert set(result.checks) <= set(spent), case
+        assert all(seconds >= 0 for seconds in spent.values()) and sum(spent.values()) <= wall
+        judged_checks |= set(result.checks)
+    assert {"v1-runner", "planner-fit", "kernel-probe", "consumer:copy", "consumer:offload"} <= judged_checks

@@ -7,15 +7,16 @@ Every case runs the view path. Each deeper check a case asks for (fuzz/checks) i
 
 The deeper checks together get at most `share` of the worker's time. Within it each check's part follows what it has
 been yielding (keys judged and findings per second of its own time), never below `floor` of the deeper budget, so that
-no check starves; the first few keys of each check always run, to measure it. A check's time is what the cases that
-ran it took beyond the view path's running mean (split evenly when several ran on one case).
+no check starves; the first few keys of each check always run, to measure it. A check's time is what its own code took,
+in the target and in the verdict (fuzz/checks/timing.py); one that reports none is charged what its case took beyond the
+view path's running mean (split evenly among such checks of the case).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,17 +117,21 @@ class Schedule:
         consumers = drawn.touches.consumers if drawn.touches is not None else ()
         return Plan(case, running, frozenset(skip & {PLANNER_FIT}), Reuse(reused, consumers))
 
-    def record(self, plan: Plan, result: CaseResult | None, seconds: float) -> None:
-        """What the planned case took and found; a key whose check was judged is remembered with its verdict."""
+    def record(self, plan: Plan, result: CaseResult | None, seconds: float, spent: Mapping[str, float] | None = None) -> None:
+        """What the planned case took (in all, and `spent` by each check) and found; a key whose check was judged is
+        remembered with its verdict."""
         if not plan.running:
             self.base_seconds = seconds if self.base_seconds is None else (
                 (1 - BASE_SMOOTHING) * self.base_seconds + BASE_SMOOTHING * seconds)
             return
-        extra = max(0.0, seconds - (self.base_seconds or 0.0)) / len(plan.running)
+        spent = spent or {}
+        unmeasured = [name for name in plan.running if name not in spent]
+        rest = seconds - (self.base_seconds or 0.0) - sum(spent.get(name, 0.0) for name in plan.running)
+        extra = max(0.0, rest) / len(unmeasured) if unmeasured else 0.0
         judged = result.checks if result is not None else {}
         for name, key in plan.running.items():
             tally = self.tally[name]
-            tally.seconds += extra
+            tally.seconds += spent.get(name, extra)
             if name not in judged:
                 self.seen[name].discard(key)  # its turn never came (an earlier finding, a skip): not judged yet
                 tally.keys_seen -= 1

@@ -32,6 +32,7 @@ from typing import Any
 from fuzz.campaign import protocol, standby
 from fuzz.campaign.schedule import CONSUMERS_EVERY, Schedule
 from fuzz.case import from_dict, to_dict
+from fuzz.checks import timing
 from fuzz.corpus.minimize import shrink_finding
 from fuzz.errors import KvfuzzError, TargetError
 from fuzz.space import Rejected, draw_indexed, for_run
@@ -282,8 +283,9 @@ class Worker:
                 if plan is None:
                     result = run_case(self.target, case, device, probe=probe)
                 else:
+                    timing.take()  # whatever ran since the last case (a shrink, an execute) is not this case's
                     result = run_case(self.target, case, device, probe=probe, skip=plan.skip, reuse=plan.reuse)
-                    self.schedule.record(plan, result, time.perf_counter() - ran_from)
+                    self.schedule.record(plan, result, time.perf_counter() - ran_from, timing.take())
             except TargetError as error:  # kvfuzz's call does not fit this vLLM: the coordinator decides
                 tallies["verdicts"]["internal-error"] += 1
                 tallies["mismatches"][str(error)] += 1

@@ -38,7 +38,7 @@ class ConsumerCheck:
 
     @property
     def name(self) -> str:
-        return f"consumer:{self.consumer}"
+        return consumers.name(self.consumer)
 
     def applies(self, case: Case) -> bool:
         return consumers.asks_for(case, self.consumer)

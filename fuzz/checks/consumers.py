@@ -8,6 +8,11 @@ from collections.abc import Hashable
 from fuzz.case import Case, Touches, replace
 
 
+def name(consumer: str) -> str:
+    """The check's name for one consumer, e.g. `consumer:zeroer`."""
+    return f"consumer:{consumer}"
+
+
 def asks_for(case: Case, consumer: str) -> bool:
     return case.touches is not None and consumer in case.touches.consumers
 

@@ -23,7 +23,10 @@ import torch
 import oracles
 from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend, layout_as, replace
 from fuzz.checks import DeeperCheck, checks_for
+from fuzz.checks.kernel_probe import NAME as KERNEL_PROBE
 from fuzz.checks.planner_fit import NAME as PLANNER_FIT
+from fuzz.checks.timing import timed
+from fuzz.checks.v1_runner import NAME as V1_RUNNER
 from fuzz.errors import BrokenDeclaration, CaseMismatch, Inexpressible, TargetError
 from fuzz.space import accepts, choose_kernel_block_size, layer_reason, layout_reason, packing_reason, record_reason
 from fuzz.targets import capability, consumers, kernel_probe, planner_fit
@@ -712,7 +715,9 @@ class Adapter:
         for runner in ("v2", "v1") if declared.runner == "both" else (declared.runner,):
             specs: list[tuple[Any, str | None]] = []  # vLLM's specs (and the layer that built each), before anything else can fail
             try:
-                outcome = capture(lambda: self._run(declared, torch.device(device), probe, specs, runner))
+                # The V1 runner beside the V2 one is a deeper check (fuzz/checks/v1_runner.py); alone, it is the view path.
+                with timed(V1_RUNNER) if runner == "v1" and declared.runner == "both" else contextlib.nullcontext():
+                    outcome = capture(lambda: self._run(declared, torch.device(device), probe, specs, runner))
                 if runner == "v1":
                     assert self.v1 is not None
                     outcome = self.v1.restore(outcome)
@@ -776,7 +781,8 @@ class Adapter:
             if case.touches is not None and case.touches.consumers:
                 touched["consumers"] = consumers.run(self.consumers, walk, case.touches)
             if kernel:
-                touched["kernel"] = kernel_probe.run(walk, case.touches, self.mla_layer)
+                with timed(KERNEL_PROBE):
+                    touched["kernel"] = kernel_probe.run(walk, case.touches, self.mla_layer)
         return touched
 
     def walk_runners(self) -> tuple[str, ...]:
@@ -895,7 +901,8 @@ class Adapter:
         cache_config = self.config.cache_config
         override, cache_config.num_gpu_blocks_override = cache_config.num_gpu_blocks_override, None
         try:
-            return planner_fit.fit(lambda memory: self.planner.obj(self.config, groups, memory), config, num_blocks, vllm_failure)
+            with timed(PLANNER_FIT):
+                return planner_fit.fit(lambda memory: self.planner.obj(self.config, groups, memory), config, num_blocks, vllm_failure)
         finally:
             cache_config.num_gpu_blocks_override = override
 

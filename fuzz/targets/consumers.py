@@ -37,6 +37,8 @@ from unittest import mock
 import torch
 
 from fuzz.case import MLA_KINDS, Touches
+from fuzz.checks import consumers as consumer_check
+from fuzz.checks.timing import timed
 from fuzz.space import ZEROING_RULE
 from fuzz.targets import readback, triton_interp
 from fuzz.targets.entry_points import Probe
@@ -139,7 +141,8 @@ def run(consumers: dict[str, Consumer], walk: Walk, touches: Touches) -> dict[st
                                         f"whose views are not this walk's ({'/'.join(walk.runners)})"}
             continue
         try:
-            records[name] = {"kind": consumer.kind, "where": consumer.where, **consumer.run(walk, touches)}
+            with timed(consumer_check.name(name)):
+                records[name] = {"kind": consumer.kind, "where": consumer.where, **consumer.run(walk, touches)}
         except Unusable as why:
             records[name] = {"skipped": str(why)}
         except Exception as error:  # noqa: BLE001 - vLLM raising inside a consumer is data; kvfuzz's own errors propagate

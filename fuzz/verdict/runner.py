@@ -7,11 +7,12 @@ the oracle their layouts must agree with each other (fuzz/verdict/runners.py, `r
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import oracles
 from fuzz.case import Case, replace
+from fuzz.checks.timing import timed
 from fuzz.targets.base import Execution, Outcome, Target
 from fuzz.verdict import probe, touch
 from fuzz.verdict.compare import PROCESS_FAILURES, Verdict, compare
@@ -72,11 +73,13 @@ def judge(execution: Execution, target_contract: oracles.Contract, reuse: Reuse 
     if execution.v1 is None:
         reused = reuse.verdicts.get(V1_RUNNER)
         return primary if found or reused is None else replace(primary, verdict=Verdict("finding", reused))
-    v1 = _judge_outcome(case, execution.v1, target_contract, reuse)
-    verdict = primary.verdict if found else v1.verdict
-    if verdict.status != "finding":
-        mismatch = compare_runners(case, (primary.verdict, primary.expectation, execution.outcome), (v1.verdict, v1.expectation, execution.v1))
-        verdict = mismatch or primary.verdict
+    with timed(V1_RUNNER):
+        v1 = _judge_outcome(case, execution.v1, target_contract, reuse)
+        verdict = primary.verdict if found else v1.verdict
+        if verdict.status != "finding":
+            mismatch = compare_runners(case, (primary.verdict, primary.expectation, execution.outcome),
+                                       (v1.verdict, v1.expectation, execution.v1))
+            verdict = mismatch or primary.verdict
     checks = primary.checks if found else {**primary.checks, V1_RUNNER: verdict.finding}
     return CaseResult(case, verdict, primary.expectation, primary.outcome, v1, checks)
 
@@ -111,12 +114,13 @@ def _deeper(case: Case, expectation: Expectation, outcome: Outcome, reuse: Reuse
     (planner-fit, each consumer, the kernel probe): judged here and recorded in `checks`, or reused where left out."""
     reused = reuse.verdicts
 
-    def judged(name: str, verdict: Finding | None) -> Finding | None:
-        checks[name] = verdict
+    def judged(name: str, judge: Callable[[], Finding | None]) -> Finding | None:
+        with timed(name):
+            checks[name] = verdict = judge()
         return verdict
 
     if outcome.planner_fit is not None:
-        yield judged(PLANNER_FIT, check_planner_fit(case, outcome))
+        yield judged(PLANNER_FIT, lambda: check_planner_fit(case, outcome))
     elif PLANNER_FIT in reused:
         yield reused[PLANNER_FIT]
     touched = outcome.touches or {}
@@ -124,11 +128,11 @@ def _deeper(case: Case, expectation: Expectation, outcome: Outcome, reuse: Reuse
     named = [*reuse.consumers, *(case.touches.consumers if case.touches is not None else ())]
     for name in dict.fromkeys(named):
         if name in ran:
-            yield judged(CONSUMER + name, touch.check(case, expectation, replace(outcome, touches={"consumers": {name: ran[name]}})))
+            yield judged(CONSUMER + name, lambda: touch.check(case, expectation, replace(outcome, touches={"consumers": {name: ran[name]}})))
         elif CONSUMER + name in reused:
             yield reused[CONSUMER + name]
     if touched.get("kernel"):
-        yield judged(KERNEL_PROBE, touch.check(case, expectation, replace(outcome, touches={"kernel": touched["kernel"]})))
+        yield judged(KERNEL_PROBE, lambda: touch.check(case, expectation, replace(outcome, touches={"kernel": touched["kernel"]})))
     elif KERNEL_PROBE in reused:
         yield reused[KERNEL_PROBE]
 
