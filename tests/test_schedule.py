@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from fuzz.campaign.schedule import Schedule
+from fuzz.campaign.schedule import CheckTally, Schedule
 from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend, Touches
 from fuzz.checks import ConsumerCheck, timing
 from fuzz.checks import kernel_probe as kernel_check
@@ -184,3 +184,34 @@ def test_every_check_judged_on_a_case_reports_its_time(kvfuzz_target) -> None:
         assert all(seconds >= 0 for seconds in spent.values()) and sum(spent.values()) <= wall
         judged_checks |= set(result.checks)
     assert {"v1-runner", "planner-fit", "kernel-probe", "consumer:copy", "consumer:offload"} <= judged_checks
+
+
+def tallied(schedule: Schedule, name: str, seen: int, checked: int, seconds: float, findings: int = 0) -> None:
+    schedule.tally[name] = CheckTally(offered=seen, keys_seen=seen, keys_checked=checked, seconds=seconds, findings=findings)
+
+
+def test_a_check_that_needs_little_leaves_the_rest_of_the_budget_to_the_others() -> None:
+    clock = Clock()
+    schedule = Schedule((ConsumerCheck("copy"), ConsumerCheck("zeroer")), share=0.5, floor=0.1, clock=clock)
+    clock.now = 100.0
+    tallied(schedule, "consumer:zeroer", seen=50, checked=50, seconds=0.5)  # 10 ms a key, every key checked: needs 0.6 %
+    tallied(schedule, "consumer:copy", seen=1000, checked=20, seconds=20.0)  # 1 s a key, one key in fifty: needs 10 s a second
+    allowed = schedule.allowances()
+    need = 1.25 * 50 / 100 * 0.01
+    assert allowed["consumer:zeroer"] == pytest.approx(need)
+    assert allowed["consumer:copy"] == pytest.approx(0.5 - need)  # by yield alone it would get its floor, 0.05
+
+
+def test_checks_that_all_want_more_split_the_budget_by_yield_above_their_floors() -> None:
+    clock = Clock()
+    schedule = Schedule((ConsumerCheck("copy"), ConsumerCheck("zeroer"), kernel_check.CHECK), share=0.5, floor=0.1, clock=clock)
+    clock.now = 100.0
+    tallied(schedule, "consumer:copy", seen=10_000, checked=300, seconds=3.0)  # 100 keys a second of its time
+    tallied(schedule, "consumer:zeroer", seen=10_000, checked=100, seconds=10.0)  # 10
+    tallied(schedule, "kernel-probe", seen=10_000, checked=10, seconds=10.0, findings=1)  # (10 + 20) / 10 = 3
+    allowed = schedule.allowances()
+    assert sum(allowed.values()) == pytest.approx(0.5)
+    rest = 0.5 - 3 * 0.05
+    assert allowed["consumer:copy"] == pytest.approx(0.05 + rest * 100 / 113)
+    assert allowed["consumer:zeroer"] == pytest.approx(0.05 + rest * 10 / 113)
+    assert allowed["kernel-probe"] == pytest.approx(0.05 + rest * 3 / 113)

@@ -5,9 +5,10 @@ Every case runs the view path. Each deeper check a case asks for (fuzz/checks) i
 - run when the key is new and the check is within its share of the campaign's time;
 - deferred otherwise (left out of this case; the key stays unseen, so a later case with it still runs it).
 
-The deeper checks together get at most `share` of the worker's time. Within it each check's part follows what it has
-been yielding (keys judged and findings per second of its own time), never below `floor` of the deeper budget, so that
-no check starves; the first few keys of each check always run, to measure it. A check's time is what its own code took,
+The deeper checks together get at most `share` of the worker's time (`allowances`). Each check is first given up to
+`floor` of that budget, so that none starves; the rest goes to the checks by what each has been yielding (keys judged and
+findings per second of its own time), none past what it needs to check every key it meets, so that a cheap check's
+unneeded part goes to the others. The first few keys of each check always run, to measure it. A check's time is what its own code took,
 in the target and in the verdict (fuzz/checks/timing.py); one that reports none is charged what its case took beyond the
 view path's running mean (split evenly among such checks of the case).
 """
@@ -35,6 +36,8 @@ WARMUP = 3  # keys of each check run before its share is measured
 MEMO_LIMIT = 50_000  # keys remembered per check; the oldest go first (a long campaign's memory stays bounded)
 FINDING_WEIGHT = 20  # a finding counts as this many judged keys in a check's yield
 BASE_SMOOTHING = 0.05  # weight of the newest view-only case in the view path's running mean
+REPLAN_SECONDS = 0.1  # the allowances are worked out again at most this often
+HEADROOM = 1.25  # a check's need, over what its keys cost so far: one that keeps up is not deferred by its own noise
 
 
 @dataclass
@@ -90,6 +93,8 @@ class Schedule:
         self.tally: dict[str, CheckTally] = {c.name: CheckTally() for c in checks}
         self.base_seconds: float | None = None  # running mean of a view-only case
         self.reported: dict[str, dict[str, Any]] = {}  # the tallies as the last batch report gave them
+        self._allowed: dict[str, float] | None = None
+        self._allowed_at = self.started
 
     def plan(self, case: Case) -> Plan:
         running: dict[str, Hashable] = {}
@@ -147,14 +152,34 @@ class Schedule:
         tally = self.tally[name]
         if tally.keys_checked < WARMUP:
             return True
-        elapsed = max(self.clock() - self.started, 1e-6)
-        return tally.seconds <= self.share * elapsed * self._part(name)
+        now = self.clock()
+        if self._allowed is None or now - self._allowed_at >= REPLAN_SECONDS:
+            self._allowed, self._allowed_at = self.allowances(), now
+        return tally.seconds <= max(now - self.started, 1e-6) * self._allowed.get(name, 0.0)
 
-    def _part(self, name: str) -> float:
-        """The check's part of the deeper budget: its yield against the others', at least the floor."""
-        yields = {n: (t.keys_checked + FINDING_WEIGHT * t.findings) / max(t.seconds, 1e-3) for n, t in self.tally.items() if t.offered}
-        total = sum(yields.values()) or 1.0
-        return max(self.floor, yields.get(name, 0.0) / total)
+    def allowances(self) -> dict[str, float]:
+        """Each check's part of the worker's time: `floor` of the deeper budget first, then the rest of the budget by
+        yield, water-filled so that no check gets past what it needs to check every key it has met at its cost so far."""
+        elapsed = max(self.clock() - self.started, 1e-6)
+        offered = {name: tally for name, tally in self.tally.items() if tally.offered}
+        needs = {name: HEADROOM * t.keys_seen / elapsed * t.seconds / max(t.keys_checked, 1) for name, t in offered.items()}
+        yields = {name: (t.keys_checked + FINDING_WEIGHT * t.findings) / max(t.seconds, 1e-3) for name, t in offered.items()}
+        allowed = {name: min(self.floor * self.share, need) for name, need in needs.items()}
+        left = self.share - sum(allowed.values())
+        hungry = {name for name in offered if allowed[name] < needs[name]}
+        while hungry and left > 1e-9:
+            total = sum(yields[name] for name in hungry)
+            given = {name: left * yields[name] / total if total else left / len(hungry) for name in hungry}
+            full = {name for name in hungry if allowed[name] + given[name] >= needs[name]}
+            if not full:
+                for name in hungry:
+                    allowed[name] += given[name]
+                break
+            for name in full:
+                left -= needs[name] - allowed[name]
+                allowed[name] = needs[name]
+            hungry -= full
+        return allowed
 
     def take_tallies(self) -> dict[str, dict[str, Any]]:
         """The tallies since the last call, for the batch report (the coordinator adds them up)."""
