@@ -74,17 +74,56 @@ def runnable(module_name: str, kernels: tuple[str, ...] | None = None) -> types.
 
 @contextmanager
 def launching(device: torch.device) -> Iterator[None]:
-    """While a launcher runs on the CPU, torch.cuda.get_device_capability answers CPU_CAPABILITY."""
+    """While a launcher runs on the CPU, torch.cuda.get_device_capability answers CPU_CAPABILITY, and the interpreter
+    patches triton.language once per launch (`_language_patched_once`)."""
     if device.type != "cpu":
         yield
         return
     original = torch.cuda.get_device_capability
     torch.cuda.get_device_capability = lambda *args, **kwargs: CPU_CAPABILITY  # type: ignore[assignment]
     try:
-        with _platform_capability():
+        with _platform_capability(), _language_patched_once():
             yield
     finally:
         torch.cuda.get_device_capability = original  # type: ignore[assignment]
+
+
+@contextmanager
+def _language_patched_once() -> Iterator[None]:
+    """The interpreter patches triton.language's builtins when a kernel launches, and again, member by member, at every
+    call of a jitted device function inside it (about a third of an interpreted zeroer's time), though the launch's
+    patch already covers the modules such a call would patch: that second patch changes nothing, so it is skipped. A
+    device function that sees a language module the launch did not patch is patched as before."""
+    if not interpreting():
+        yield
+        return
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        yield
+        return
+    patch = interpreter._patch_lang
+    patched: list[set[int]] = []  # the language modules each launch open now patched, innermost last
+
+    def languages(fn: Any) -> set[int]:
+        return {id(value) for value in fn.__globals__.values() if value is interpreter.tl or value is interpreter.tl.core}
+
+    def once(fn: Any) -> Any:
+        if patched and languages(fn) <= patched[-1]:
+            return interpreter._LangPatchScope()  # nothing to patch, nothing to restore
+        scope = patch(fn)
+        patched.append(languages(fn))
+        restore = scope.restore
+
+        def restored() -> None:
+            restore()
+            patched.pop()
+
+        scope.restore = restored
+        return scope
+
+    with mock.patch.object(interpreter, "_patch_lang", once):
+        yield
 
 
 @dataclass
