@@ -10,6 +10,9 @@ import numpy as np
 
 CANARY = 0x5A  # never 0: a zeroed byte always differs from it
 PATTERN_CHUNK = 1 << 20  # bytes of pattern worked out at a time
+CACHED_BUFFERS = 16  # buffers whose pattern is kept once worked out (by index: the same few in every case)
+CACHED_BYTES = 1 << 22  # of each kept pattern
+_patterns: dict[int, np.ndarray] = {}
 
 Intervals = list[list[int]]
 
@@ -26,15 +29,9 @@ def pattern_slice(buffer: int, start: int, end: int) -> np.ndarray:
         known = _patterns.get(buffer)
         if known is None or known.size < end:
             size = min(CACHED_BYTES, max(end, 2 * (known.size if known is not None else 0), 1 << 16))
-            known = _patterns[buffer] = _worked_out(buffer, 0, size)
-            known.flags.writeable = False
+            known = _patterns[buffer] = _worked_out(buffer, 0, size)  # read-only, as every pattern
         return known[max(0, start):max(start, end)]
     return _worked_out(buffer, start, end)
-
-
-CACHED_BUFFERS = 16
-CACHED_BYTES = 1 << 22  # of each buffer's pattern, kept once worked out
-_patterns: dict[int, np.ndarray] = {}
 
 
 def _worked_out(buffer: int, start: int, end: int) -> np.ndarray:
