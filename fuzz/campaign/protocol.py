@@ -49,6 +49,7 @@ def receive(conn: Connection) -> tuple[str, dict[str, Any]]:
 
 
 IDLE, RUNNING, SHRINKING, WAITING = 0, 1, 2, 3  # Slot phases
+READS = 100  # a Slot read retried at most this often while the worker writes it (one write takes nanoseconds)
 
 
 class Slot:
@@ -74,7 +75,16 @@ class Slot:
         struct.pack_into("<q", self._map, 24, IDLE)
 
     def read(self) -> tuple[int, int, int, int]:
-        batch, index, started, phase = struct.unpack_from(self.FORMAT, self._map, 0)
+        """(batch, index, start time, phase), read until two reads agree. The worker may be writing the slot as it is
+        read, and one read can then hold the new phase with the old start time: a case that has just begun would look as
+        old as the worker's last one (or as the clock's epoch, in a fresh slot) and be killed as a hang."""
+        last = struct.unpack_from(self.FORMAT, self._map, 0)
+        for _ in range(READS):
+            now = struct.unpack_from(self.FORMAT, self._map, 0)
+            if now == last:
+                break
+            last = now
+        batch, index, started, phase = last
         return batch, index, started, phase
 
     def close(self) -> None:
