@@ -55,6 +55,11 @@ def test_the_key_follows_the_tree_and_the_environment_but_not_what_varies_betwee
     assert standby.key(source, {**env, "PYTEST_XDIST_WORKER": "gw1", "PWD": "/elsewhere", "KVFUZZ_KEEP_WARM": "5"}) == first
     assert standby.key(source, {**env, "VLLM_KV_CACHE_LAYOUT": "LHBNC"}) != first
     assert standby.key(source, {k: v for k, v in env.items() if k != "VLLM_KV_CACHE_LAYOUT"}) != first
+    # A folder named again on the module path changes no import (a pool appends kvfuzz's own to a path that may hold it).
+    def on_path(*folders: str) -> str:
+        return standby.key(source, {**env, "PYTHONPATH": os.pathsep.join(folders)})
+
+    assert on_path("/a", "/b", "/a") == on_path("/a", "/b") != on_path("/b", "/a")
     edited = tmp_path / "vllm" / "utils.py"
     edited.write_text("X = 2\n")  # same size: the modification time tells
     os.utime(edited, ns=(time.time_ns(), time.time_ns() + 10**9))
@@ -120,6 +125,24 @@ def test_a_standby_forks_for_each_asker_gives_way_to_newer_ones_and_leaves_when_
         assert not list(standbys.glob("*.sock")) and not list(standbys.glob("*.pid"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_pinned_standby_is_never_evicted_and_takes_no_targets_place(standbys, monkeypatch):
+    """The base standby (pinned) serves every target without one of its own: targets coming and going never stop it, and
+    the count is the targets' alone."""
+    monkeypatch.setenv("KVFUZZ_KEEP_WARM", "3")
+    monkeypatch.setenv("KVFUZZ_KEEP_WARM_COUNT", "1")
+    standby.leave("base", zygote_reporting_its_pid, pinned=True)
+    wait_for(lambda: "base" in standby.running(), 10, "the pinned standby listening")
+    base = standby.running()["base"]
+    standby.leave("k1", zygote_reporting_its_pid)
+    wait_for(lambda: set(standby.running()) == {"base", "k1"}, 10, "k1 beside the pinned standby (count 1)")
+    time.sleep(0.1)
+    standby.leave("k2", zygote_reporting_its_pid)
+    wait_for(lambda: set(standby.running()) == {"base", "k2"}, 10, "k1 stopped for k2, the pinned standby kept")
+    assert standby.running()["base"] == base
+    wait_for(lambda: not standby.running(), 15, "all gone after 3 s without an asker, the pinned one too")
+    assert not [path.name for path in standbys.iterdir() if not path.name.startswith(".")]
 
 
 def test_keep_warm_0_leaves_no_standby_and_asks_none(standbys, monkeypatch):

@@ -121,7 +121,8 @@ def _base_main(key: str, listed: str, starting: str) -> None:
     signal.alarm(0)
     gc.freeze()
     base_path = [part for part in os.environ.get("PYTHONPATH", "").split(os.pathsep) if part]
-    standby.leave(key, lambda request: _become_target(request, base_path), label=f"vLLM's dependencies ({len(names)} modules), preloaded")
+    standby.leave(key, lambda request: _become_target(request, base_path), label=f"vLLM's dependencies ({len(names)} modules), preloaded",
+                  pinned=True)
 
 
 def _become_target(request: dict[str, Any], base_path: list[str]) -> None:

@@ -7,7 +7,9 @@ target's tree and the environment), so a later pool with the same key asks it fo
 the standby forks, and the fork connects to the new pool as a freshly started zygote would (fuzz/campaign/worker.py).
 
 A standby that no pool asked for `KVFUZZ_KEEP_WARM` seconds (default 600; 0 turns standbys off) exits; at most
-`KVFUZZ_KEEP_WARM_COUNT` (default 4) run at once, the least recently used giving way. Any change to a file of the target
+`KVFUZZ_KEEP_WARM_COUNT` (default 4) targets' standbys run at once, the least recently used giving way. The base standby
+(fuzz/campaign/preload.py) is pinned: it serves every target that has no standby of its own, so targets coming and going
+never evict it (it still leaves when idle). Any change to a file of the target
 or of kvfuzz, or to the environment, makes a new key: a standby never serves code or settings other than its own.
 Standbys live in a folder only this user can enter (`kvfuzz-standby-<uid>` in the temporary folder).
 """
@@ -44,6 +46,7 @@ DEFAULT_COUNT = 4
 VOLATILE = ("PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID",
             "PYTEST_XDIST_WORKER_COUNT", "COLUMNS", "LINES", "KVFUZZ_KEEP_WARM", "KVFUZZ_KEEP_WARM_COUNT", "KVFUZZ_STANDBY_DIR")
 ASK_TIMEOUT = 5.0  # seconds for a standby to answer a request for a zygote
+SIDE_FILES = (".pid", ".label", ".pinned")  # beside a standby's socket, removed with it
 
 
 def idle_seconds(env: Mapping[str, str] | None = None) -> float:
@@ -82,8 +85,15 @@ def key_of(env: Mapping[str, str], tree: Path | None = None) -> str:
     for root in (SOURCE_ROOT / "fuzz", SOURCE_ROOT / "oracles", tree):
         digest.update(_tree_stamp(root))
     for name in sorted(set(env) - set(VOLATILE)):
-        digest.update(f"\0{name}={env[name]}".encode())
+        value = _first_entries(env[name]) if name == "PYTHONPATH" else env[name]
+        digest.update(f"\0{name}={value}".encode())
     return digest.hexdigest()
+
+
+def _first_entries(path: str) -> str:
+    """A module path with each folder at its first place only: a folder named again (kvfuzz's own, which a pool appends
+    to a path that may hold it already) changes no import."""
+    return os.pathsep.join(dict.fromkeys(path.split(os.pathsep)))
 
 
 def _vllm_root(source: TargetSource) -> Path | None:
@@ -144,10 +154,10 @@ def _connect(path: Path) -> Connection:
     return Connection(sock.detach())
 
 
-def leave(standby_key: str, serve_zygote: Any, label: str = "") -> None:
+def leave(standby_key: str, serve_zygote: Any, label: str = "", pinned: bool = False) -> None:
     """Called by a zygote that has imported its target: fork a standby that outlives it (detached, in a session of its
     own), which forks a zygote running `serve_zygote(request)` for every pool that asks; `label` says what it holds
-    (`kvfuzz standby` lists it)."""
+    (`kvfuzz standby` lists it); a `pinned` standby is never evicted to make room for another."""
     if fcntl is None or idle_seconds() == 0:
         return
     first = os.fork()
@@ -157,12 +167,12 @@ def leave(standby_key: str, serve_zygote: Any, label: str = "") -> None:
     try:  # the middle process: detach, fork the standby, exit (the standby is no child of the campaign's)
         os.setsid()
         if os.fork() == 0:
-            _standby_main(standby_key, serve_zygote, label)
+            _standby_main(standby_key, serve_zygote, label, pinned)
     finally:
         os._exit(0)
 
 
-def _standby_main(standby_key: str, serve_zygote: Any, label: str) -> None:
+def _standby_main(standby_key: str, serve_zygote: Any, label: str, pinned: bool) -> None:
     for fd in range(3, 1024):  # the zygote's connections (its pool sees their end as the zygote's) and files
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -171,14 +181,14 @@ def _standby_main(standby_key: str, serve_zygote: Any, label: str) -> None:
         os.dup2(null, fd)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its zygotes are reaped by the kernel
     path = folder() / f"{standby_key}.sock"
-    listener = _bind(path, label)
+    listener = _bind(path, label, pinned)
     if listener is not None and _serve(listener, path, serve_zygote) == "idle":
         _unbind(path, listener)
 
 
-def _bind(path: Path, label: str = "") -> socket.socket | None:
+def _bind(path: Path, label: str = "", pinned: bool = False) -> socket.socket | None:
     """The standby's socket, unless a live standby of the same key holds it; then the least recently used standbys
-    beyond the count are stopped."""
+    beyond the count are stopped (pinned ones neither count nor go)."""
     with open(path.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _answers(path):
@@ -190,7 +200,10 @@ def _bind(path: Path, label: str = "") -> socket.socket | None:
         listener.listen(16)
         path.with_suffix(".pid").write_text(str(os.getpid()))
         path.with_suffix(".label").write_text(label)
-        _evict(path, max_count())
+        if pinned:
+            path.with_suffix(".pinned").touch()
+        else:
+            _evict(path, max_count())
         return listener
 
 
@@ -199,7 +212,7 @@ def _unbind(path: Path, listener: socket.socket) -> None:
     with open(path.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         listener.close()
-        for stale in (path, path.with_suffix(".pid"), path.with_suffix(".label")):
+        for stale in (path, *(path.with_suffix(suffix) for suffix in SIDE_FILES)):
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
 
@@ -213,8 +226,9 @@ def _answers(path: Path) -> bool:
 
 
 def _evict(keep: Path, count: int) -> None:
-    """Stop the least recently used standbys so that at most `count` remain, `keep` among them."""
-    others = sorted((p for p in keep.parent.glob("*.sock") if p != keep), key=lambda p: p.stat().st_mtime if p.exists() else 0)
+    """Stop the least recently used standbys that are not pinned so that at most `count` remain, `keep` among them."""
+    others = sorted((p for p in keep.parent.glob("*.sock") if p != keep and not p.with_suffix(".pinned").exists()),
+                    key=lambda p: p.stat().st_mtime if p.exists() else 0)
     for path in others[: max(0, len(others) - (count - 1))]:
         _stop(path)
 
@@ -258,7 +272,7 @@ def stop(standby_key: str) -> None:
 def _stop(path: Path) -> None:
     with contextlib.suppress(OSError), _connect(path) as conn:
         protocol.send(conn, protocol.SHUTDOWN)
-    for stale in (path, path.with_suffix(".pid"), path.with_suffix(".label")):
+    for stale in (path, *(path.with_suffix(suffix) for suffix in SIDE_FILES)):
         with contextlib.suppress(FileNotFoundError):
             stale.unlink()
 

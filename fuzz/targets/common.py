@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import functools
 import importlib
-import traceback
 import typing
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -187,14 +186,20 @@ def capture(call: Callable[[], Outcome]) -> Outcome:
 def vllm_failure(error: BaseException) -> Outcome | None:
     """The Outcome of an exception raised in (or through) vLLM's code, naming the innermost vLLM frame;
     None when vLLM took no part in it, or when memory ran out in kvfuzz's own code (fuzz/tracebacks.py)."""
-    frames = traceback.extract_tb(error.__traceback__)
-    located = [(f, path) for f in frames if (path := vllm_path(f.filename)) is not None]
-    if not located or (out_of_memory(error) and innermost_is_kvfuzz(error)):  # kvfuzz's own code ran out, even if vLLM called it
+    innermost = None
+    tb = error.__traceback__
+    while tb is not None:  # the frames as traceback.extract_tb lists them, without reading their source lines
+        code = tb.tb_frame.f_code
+        path = vllm_path(code.co_filename)
+        if path is not None:
+            innermost = (code.co_name, path, tb.tb_lineno)
+        tb = tb.tb_next
+    if innermost is None or (out_of_memory(error) and innermost_is_kvfuzz(error)):  # kvfuzz's own code ran out, even if vLLM called it
         return None
-    frame, path = located[-1]
+    function, path, line = innermost
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return Outcome(error_type=type(error).__name__, error_message=message[:500], error_function=frame.name,
-                   error_layer=_layer_in_flight(error), error_file=path, error_line=frame.lineno)
+    return Outcome(error_type=type(error).__name__, error_message=message[:500], error_function=function,
+                   error_layer=_layer_in_flight(error), error_file=path, error_line=line)
 
 
 def _layer_in_flight(error: BaseException) -> str | None:

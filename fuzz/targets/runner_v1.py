@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from types import SimpleNamespace
 from typing import Any
 
@@ -129,12 +130,23 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return [t for t in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(t, torch.Tensor)]
 
 
+# Values that hold no layer name: _renamed returns them as they are without looking inside.
+NAMELESS = (int, float, torch.dtype, torch.device, torch.Tensor)
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(field.name for field in dataclasses.fields(cls))
+
+
 def _renamed(value: Any, names: dict[str, str]) -> Any:
     """`value` with every layer name in it replaced, leaving `value` as it was: strings, lists, sets and dicts anew, tuples
     and dataclasses anew where something in them changed (a dataclass that is not frozen always, since the runner may
     set its fields); what holds no name (frozen specs, classes, tensors) is shared."""
     if isinstance(value, str):
         return names.get(value, value)
+    if value is None or isinstance(value, NAMELESS):
+        return value
     if isinstance(value, list):
         return [_renamed(item, names) for item in value]
     if isinstance(value, tuple):
@@ -148,11 +160,11 @@ def _renamed(value: Any, names: dict[str, str]) -> Any:
         return {_renamed(key, names): _renamed(item, names) for key, item in value.items()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         changed = {}
-        for field in dataclasses.fields(value):
-            current = getattr(value, field.name, None)
+        for name in _field_names(type(value)):
+            current = getattr(value, name, None)
             renamed = _renamed(current, names)
             if renamed is not current:
-                changed[field.name] = renamed
+                changed[name] = renamed
         if not changed and value.__dataclass_params__.frozen:  # type: ignore[attr-defined]
             return value
         clone = copy.copy(value)
