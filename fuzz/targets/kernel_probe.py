@@ -273,7 +273,8 @@ def _inputs(shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.dev
 
 
 def _landed(raw: list[torch.Tensor], before: list[np.ndarray], dtype: torch.dtype, count: int) -> tuple[np.ndarray, byte_runs.Intervals]:
-    """Where each id landed, as buffer << 40 | byte (-1: nowhere), and the changed bytes no id explains."""
+    """Where each id landed, as buffer << 40 | byte (-1: nowhere), and the changed bytes no id explains. An id found in
+    several changed elements landed in the first (by buffer, then byte); the others are stray."""
     width = torch.finfo(dtype).bits // 8
     landed = np.full(count, -1, dtype=np.int64)
     stray: byte_runs.Intervals = []
@@ -282,14 +283,16 @@ def _landed(raw: list[torch.Tensor], before: list[np.ndarray], dtype: torch.dtyp
         changed = np.flatnonzero(now != old)
         if changed.size == 0:
             continue
-        explained = np.zeros(now.size, dtype=bool)
         usable = now.size // width * width
-        words = now[:usable].view(np.uint16 if width == 2 else np.uint32).astype(np.int64)
-        ids = words - ID_BASE[dtype]
-        hits = np.flatnonzero((ids >= 0) & (ids < count) & np.isin(np.arange(words.size) * width, changed - changed % width))
-        for word in hits:
-            if landed[ids[word]] == -1:
-                landed[ids[word]] = (index << 40) | int(word * width)
-                explained[word * width: word * width + width] = True
-        stray += [[index, start, end] for start, end in byte_runs.runs(changed[~explained[changed]])]
+        # Only the elements holding a changed byte can carry an id: read those, not the whole buffer.
+        elements = np.unique(changed[changed < usable] // width)
+        ids = now[:usable].view(np.uint16 if width == 2 else np.uint32)[elements].astype(np.int64) - ID_BASE[dtype]
+        carrying = (ids >= 0) & (ids < count)
+        elements, ids = elements[carrying], ids[carrying]
+        found, first = np.unique(ids, return_index=True)
+        new = landed[found] == -1
+        placed = elements[first[new]]
+        landed[found[new]] = (index << 40) | (placed * width)
+        explained = (changed < usable) & np.isin(changed // width, placed)
+        stray += [[index, start, end] for start, end in byte_runs.runs(changed[~explained])]
     return landed, stray
