@@ -239,6 +239,24 @@ def test_the_base_is_keyed_without_what_only_vllm_reads(standbys, tmp_path):
     assert preload.base_key({**env, "TRITON_INTERPRET": "0"}, tree) != base  # read by a dependency
     assert preload.base_key({**env, "PYTHONPATH": os.pathsep.join([tree, "/src", "/more"])}, tree) != base
     assert preload.base_environment(env, tree) == {"PATH": "/bin", "PYTHONPATH": "/src", "TRITON_INTERPRET": "1"}
+    # The fork sets the bytecode switch for its own import (a release's tree wants its bytecode written, a checkout maybe not).
+    assert preload.base_key({**env, "PYTHONDONTWRITEBYTECODE": "1"}, tree) == base
+
+
+def test_the_base_is_keyed_without_what_vllm_s_import_sets(standbys, tmp_path):
+    """A pool started by a process that imported vLLM before (an in-process target, a test session) holds the variables
+    vLLM's import set: it asks the same base as a pool started by a fresh process."""
+    from fuzz.campaign import preload
+
+    tree = str(tmp_path / "tree")
+    env = {"PATH": "/bin", "PYTHONPATH": os.pathsep.join([tree, "/src"])}
+    preload.modules_file().write_text("json\n")
+    preload.record_modules({"TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    base = preload.base_key(env, tree)
+    assert preload.base_key({**env, "TORCHINDUCTOR_COMPILE_THREADS": "1"}, tree) == base
+    assert preload.base_key({**env, "TORCHINDUCTOR_COMPILE_THREADS": "4"}, tree) != base  # not what vLLM would have set
+    preload.record_modules({"TORCHINDUCTOR_COMPILE_THREADS": "8"})  # written once: the first zygote's list stays
+    assert preload.base_key({**env, "TORCHINDUCTOR_COMPILE_THREADS": "1"}, tree) == base
 
 
 def test_a_measurement_waits_only_for_a_base_that_is_importing(standbys, tmp_path):

@@ -9,10 +9,13 @@ modules (`python -m fuzz.campaign.preload`). The next pool whose target has no s
 zygote: the fork takes the pool's environment and module path and imports only vLLM's tree (`_become_target`), then
 leaves its own target standby as any zygote does (fuzz/campaign/standby.py).
 
-The base is keyed like a standby (the interpreter, kvfuzz's source, the environment) but without what only vLLM reads:
-the vLLM tree on the module path and `VLLM_*` variables. A module list that pulls in any `vllm` module is refused, so a
-target always imports its own tree. One difference from a cold start remains by design: the dependencies were imported
-before vLLM set its import-time environment overrides (compiler thread counts and the like, which no layout reads).
+The base is keyed like a standby (the interpreter, kvfuzz's source, the environment) but without what only the target's
+import reads: the vLLM tree on the module path, `VLLM_*` variables and PYTHONDONTWRITEBYTECODE (the fork sets it for its
+own import), and without the variables vLLM's import sets itself (`record_modules` lists them too), which a pool's
+environment holds when its process imported vLLM before (an in-process target, a test session). A module list that pulls
+in any `vllm` module is refused, so a target always imports its own tree. One difference from a cold start remains by
+design: the dependencies were imported before vLLM set its import-time environment overrides (compiler thread counts and
+the like, which no layout reads).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import contextlib
 import gc
 import hashlib
 import importlib
+import json
 import os
 import signal
 import subprocess
@@ -41,21 +45,43 @@ def modules_file() -> Path:
     return standby.folder() / f"modules-{hashlib.blake2b(sys.executable.encode(), digest_size=8).hexdigest()}.txt"
 
 
-def record_modules() -> None:
+def overrides_file() -> Path:
+    """The variables vLLM's import sets, as a zygote of this interpreter saw them (`record_modules`)."""
+    return modules_file().with_suffix(".overrides.json")
+
+
+def record_modules(overrides: Mapping[str, str]) -> None:
     """Called by a zygote that imported its target the slow way: the modules it imported that are neither vLLM's nor
-    kvfuzz's, in import order; written once (the first target's list serves every other)."""
+    kvfuzz's, in import order, and the environment variables the import set (`overrides`); each written once (the first
+    target's lists serve every other)."""
+    if not overrides_file().exists():
+        _write_once(overrides_file(), json.dumps(dict(overrides), sort_keys=True))
     path = modules_file()
     if path.exists():
         return
     names = [name for name, module in list(sys.modules.items()) if module is not None and not name.startswith(OWN_PACKAGES)]
+    _write_once(path, "\n".join(names) + "\n")
+
+
+def _write_once(path: Path, text: str) -> None:
     partial = path.with_name(f"{path.name}.{os.getpid()}")
-    partial.write_text("\n".join(names) + "\n")
+    partial.write_text(text)
     partial.replace(path)
 
 
+def _overrides() -> dict[str, str]:
+    try:
+        return dict(json.loads(overrides_file().read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
 def base_environment(env: Mapping[str, str], tree: str | None) -> dict[str, str]:
-    """`env` without what only the target's vLLM reads: its tree on PYTHONPATH and the VLLM_* variables."""
-    kept = {name: value for name, value in env.items() if not name.startswith("VLLM_")}
+    """`env` without what only the target's import reads (its tree on PYTHONPATH, the VLLM_* variables,
+    PYTHONDONTWRITEBYTECODE) and without the variables vLLM's import would set to the value they hold."""
+    overrides = _overrides()
+    kept = {name: value for name, value in env.items()
+            if not name.startswith("VLLM_") and name != "PYTHONDONTWRITEBYTECODE" and overrides.get(name) != value}
     parts = [part for part in env.get("PYTHONPATH", "").split(os.pathsep) if part and part != tree]
     kept["PYTHONPATH"] = os.pathsep.join(parts)
     return kept
@@ -88,7 +114,10 @@ def leave_base(env: Mapping[str, str], tree: str | None) -> None:
     if key in standby.running():
         return
     starting.touch()
-    subprocess.Popen([sys.executable, "-m", "fuzz.campaign.preload", key, str(modules_file()), str(starting)], env=base_environment(env, tree),
+    base_env = base_environment(env, tree)
+    if "PYTHONDONTWRITEBYTECODE" in env:  # the user's choice for the dependencies' bytecode too
+        base_env["PYTHONDONTWRITEBYTECODE"] = env["PYTHONDONTWRITEBYTECODE"]
+    subprocess.Popen([sys.executable, "-m", "fuzz.campaign.preload", key, str(modules_file()), str(starting)], env=base_env,
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                      cwd=standby.folder())
 
@@ -131,6 +160,7 @@ def _become_target(request: dict[str, Any], base_path: list[str]) -> None:
 
     os.environ.clear()
     os.environ.update(request["env"])
+    sys.dont_write_bytecode = bool(request["env"].get("PYTHONDONTWRITEBYTECODE"))  # read at start-up: the base's own
     wanted = [part for part in request["env"].get("PYTHONPATH", "").split(os.pathsep) if part]
     sys.path[:] = [*wanted, *(part for part in sys.path if part not in base_path and part not in wanted)]
     importlib.invalidate_caches()

@@ -75,6 +75,7 @@ def load_and_serve(address: str, max_memory: int, standby_key: str, record: bool
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _limit_memory(max(max_memory, IMPORT_MEMORY) if max_memory > 0 else 0)
     control = connect(address)
+    before = dict(os.environ)
     try:
         from fuzz.targets import load_local
 
@@ -86,7 +87,7 @@ def load_and_serve(address: str, max_memory: int, standby_key: str, record: bool
         from fuzz.campaign.preload import record_modules
 
         with contextlib.suppress(OSError):
-            record_modules()
+            record_modules({name: value for name, value in os.environ.items() if before.get(name) != value})
     import torch
 
     torch.set_num_threads(1)
