@@ -275,16 +275,9 @@ def token_map(case: Case, expected: Expectation, layer: str, block: int, positio
     # Kernel blocks split a block in place (rules.in_place_kernel_stride): the slot's kernel block is the view's row.
     row, state = divmod(rules.token_slot(block, position, spec.block_size), kernel)
     head_size, value_size = spec.head_size, (spec.head_size_v if spec.head_size_v is not None else spec.head_size)
-    order = rules.content_order(mla)
-    if mla:  # one vector of head_size elements, its parts in the order the content holds them
-        parts = [(0, 0, c) for c in range(head_size)]
-    else:  # the write's K then V, each heads x dims; the content holds them in `order`
-        heads = spec.num_kv_heads
-        halves = {"K": [(order.index("K"), h, d) for h in range(heads) for d in range(head_size)],
-                  "V": [(order.index("V"), h, d) for h in range(heads) for d in range(value_size)]}
-        parts = halves["K"] + halves["V"]
-    offsets = np.array([_element_offset(view, _index(axes, row, state, kv, h, d, head_size)) for kv, h, d in parts], dtype=np.int64)
-    head_of = np.array([h for _, h, _ in parts], dtype=np.int64)
+    kv, head_of, dim = _parts(mla, spec.num_kv_heads, head_size, value_size)
+    values = {"B": row, "T": state, "H": head_of, "KV": kv, "D": dim, "C": kv * head_size + dim, "1": 0}
+    offsets = _element_offsets(view, [np.broadcast_to(np.asarray(values[axis], dtype=np.int64), kv.shape) for axis in axes])
     head_axis = axes.index("H") if "H" in axes else None
     rows = block_layout(view, block)
     head_bytes = {head: layout_spans(rows if head_axis is None else sub_layout(rows, head_axis, head)) for head in np.unique(head_of).tolist()}
@@ -293,12 +286,30 @@ def token_map(case: Case, expected: Expectation, layer: str, block: int, positio
                     head_bytes=head_bytes, block_bytes=layout_spans(rows))
 
 
-def _element_offset(view: ViewExpectation, index: tuple[int, ...]) -> int:
-    """The first byte of the view's element at `index` (worked out from the strides, the view never listed)."""
-    for axis, (i, size) in enumerate(zip(index, view.shape, strict=True)):
-        if not 0 <= i < size:
-            raise IndexError(f"index {i} is out of bounds for axis {axis} with size {size}")
-    return view.byte_offset + sum(i * stride for i, stride in zip(index, view.byte_strides, strict=True))
+def _parts(mla: bool, heads: int, head_size: int, value_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(half, head, dim) of each element the write takes, in the order it takes them: for MLA one vector of head_size
+    elements; otherwise K then V, each heads x dims, the half being where the content holds it (rules.content_order)."""
+    if mla:
+        dims = np.arange(head_size, dtype=np.int64)
+        return np.zeros_like(dims), np.zeros_like(dims), dims
+    order = rules.content_order(mla)
+    halves = [(order.index("K"), head_size), (order.index("V"), value_size)]
+    kv = np.concatenate([np.full(heads * size, half, dtype=np.int64) for half, size in halves])
+    head = np.concatenate([np.repeat(np.arange(heads, dtype=np.int64), size) for _, size in halves])
+    dim = np.concatenate([np.tile(np.arange(size, dtype=np.int64), heads) for _, size in halves])
+    return kv, head, dim
+
+
+def _element_offsets(view: ViewExpectation, index: list[np.ndarray]) -> np.ndarray:
+    """The first byte of each of the view's elements at `index` (one array per axis), worked out from the strides (the
+    view never listed)."""
+    offsets = np.full(index[0].shape if index else (), view.byte_offset, dtype=np.int64)
+    for axis, (where, size, stride) in enumerate(zip(index, view.shape, view.byte_strides, strict=True)):
+        outside = (where < 0) | (where >= size)
+        if outside.any():
+            raise IndexError(f"index {int(where[outside][0])} is out of bounds for axis {axis} with size {size}")
+        offsets += where * stride
+    return offsets
 
 
 def _axes(group: GroupCase, ndim: int) -> list[str] | None:
@@ -325,6 +336,3 @@ def _axes(group: GroupCase, ndim: int) -> list[str] | None:
     return axes
 
 
-def _index(axes: list[str], row: int, state: int, kv: int, head: int, dim: int, head_size: int) -> tuple[int, ...]:
-    values = {"B": row, "T": state, "H": head, "KV": kv, "D": dim, "C": kv * head_size + dim, "1": 0}
-    return tuple(values[axis] for axis in axes)
