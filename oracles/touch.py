@@ -303,7 +303,7 @@ def _parts(mla: bool, heads: int, head_size: int, value_size: int) -> tuple[np.n
 def _element_offsets(view: ViewExpectation, index: list[np.ndarray]) -> np.ndarray:
     """The first byte of each of the view's elements at `index` (one array per axis), worked out from the strides (the
     view never listed)."""
-    offsets = np.full(index[0].shape if index else (), view.byte_offset, dtype=np.int64)
+    offsets = np.full(index[0].shape, view.byte_offset, dtype=np.int64)
     for axis, (where, size, stride) in enumerate(zip(index, view.shape, view.byte_strides, strict=True)):
         outside = (where < 0) | (where >= size)
         if outside.any():

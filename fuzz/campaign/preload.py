@@ -55,15 +55,16 @@ def record_modules(overrides: Mapping[str, str]) -> None:
     kvfuzz's, in import order, and the environment variables the import set (`overrides`); each written once (the first
     target's lists serve every other)."""
     if not overrides_file().exists():
-        _write_once(overrides_file(), json.dumps(dict(overrides), sort_keys=True))
+        _write_whole(overrides_file(), json.dumps(dict(overrides), sort_keys=True))
     path = modules_file()
     if path.exists():
         return
     names = [name for name, module in list(sys.modules.items()) if module is not None and not name.startswith(OWN_PACKAGES)]
-    _write_once(path, "\n".join(names) + "\n")
+    _write_whole(path, "\n".join(names) + "\n")
 
 
-def _write_once(path: Path, text: str) -> None:
+def _write_whole(path: Path, text: str) -> None:
+    """`text` in `path`, which a reader finds whole or not at all."""
     partial = path.with_name(f"{path.name}.{os.getpid()}")
     partial.write_text(text)
     partial.replace(path)

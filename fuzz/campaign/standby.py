@@ -212,9 +212,7 @@ def _unbind(path: Path, listener: socket.socket) -> None:
     with open(path.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         listener.close()
-        for stale in (path, *(path.with_suffix(suffix) for suffix in SIDE_FILES)):
-            with contextlib.suppress(FileNotFoundError):
-                stale.unlink()
+        _remove(path)
 
 
 def _answers(path: Path) -> bool:
@@ -272,6 +270,11 @@ def stop(standby_key: str) -> None:
 def _stop(path: Path) -> None:
     with contextlib.suppress(OSError), _connect(path) as conn:
         protocol.send(conn, protocol.SHUTDOWN)
+    _remove(path)
+
+
+def _remove(path: Path) -> None:
+    """A standby's socket and the files beside it."""
     for stale in (path, *(path.with_suffix(suffix) for suffix in SIDE_FILES)):
         with contextlib.suppress(FileNotFoundError):
             stale.unlink()
