@@ -3,7 +3,7 @@
 Every case runs the view path. Each deeper check a case asks for (fuzz/checks) is, by the key of the facts it reads:
 - reused when the worker judged that key before: its verdict stands in for the run (fuzz/verdict/runner.py Reuse);
 - run when the key is new and the check is within its share of the campaign's time;
-- deferred otherwise (left out of this case; the key stays unseen, so a later case with it still runs it).
+- deferred otherwise (left out of this case; its key is not remembered, so a later case with it still runs it).
 
 The deeper checks together get at most `share` of the worker's time (`allowances`). Each check is first given up to
 `floor` of that budget, so that none starves; the rest goes to the checks by what each has been yielding (keys judged
@@ -21,6 +21,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fuzz.campaign.distinct import DistinctCount
 from fuzz.case import Case
 from fuzz.checks import DeeperCheck
 from fuzz.checks.planner_fit import NAME as PLANNER_FIT
@@ -33,7 +34,8 @@ CONSUMERS_EVERY = 8
 SHARE = 0.5  # of a worker's time, for all deeper checks together
 FLOOR = 0.1  # of the deeper budget, for every check
 WARMUP = 3  # keys of each check run before its share is measured
-MEMO_LIMIT = 50_000  # keys remembered per check; the oldest go first (a long campaign's memory stays bounded)
+MEMO_LIMIT = 8_192  # judged keys remembered per check, the oldest going first: each holds its case (about 5 KB), and drawn keys
+# seldom repeat, so a larger memo buys little reuse for much memory
 FINDING_WEIGHT = 20  # a finding counts as this many judged keys in a check's yield
 BASE_SMOOTHING = 0.05  # weight of the newest view-only case in the view path's running mean
 REPLAN_SECONDS = 0.1  # the allowances are worked out again at most this often
@@ -77,7 +79,7 @@ class Plan:
     """A drawn case as it runs: without the checks left out, the ones it runs (by key) and the verdicts it reuses."""
 
     case: Case
-    running: dict[str, Hashable] = field(default_factory=dict)
+    running: dict[str, HashedKey] = field(default_factory=dict)
     skip: frozenset[str] = frozenset()
     reuse: Reuse = field(default_factory=Reuse)
 
@@ -89,7 +91,7 @@ class Schedule:
         self.share, self.floor, self.clock = share, floor, clock
         self.started = clock()
         self.memo: dict[str, dict[Hashable, Finding | None]] = {c.name: {} for c in checks}
-        self.seen: dict[str, set[Hashable]] = {c.name: set() for c in checks}
+        self.seen: dict[str, DistinctCount] = {c.name: DistinctCount() for c in checks}  # keys met, by hash only
         self.tally: dict[str, CheckTally] = {c.name: CheckTally() for c in checks}
         self.base_seconds: float | None = None  # running mean of a view-only case
         self.reported: dict[str, dict[str, Any]] = {}  # the tallies as the last batch report gave them
@@ -97,7 +99,7 @@ class Schedule:
         self._allowed_at = self.started
 
     def plan(self, case: Case) -> Plan:
-        running: dict[str, Hashable] = {}
+        running: dict[str, HashedKey] = {}
         reused: dict[str, Finding | None] = {}
         skip: set[str] = set()
         drawn = case
@@ -106,17 +108,15 @@ class Schedule:
                 continue
             tally, key = self.tally[check.name], HashedKey(check.key(drawn))
             tally.offered += 1
-            if key not in self.seen[check.name]:
-                self.seen[check.name].add(key)
-                tally.keys_seen += 1
             if key in self.memo[check.name]:
                 tally.reused += 1
                 reused[check.name] = self.memo[check.name][key]
             elif self._may_run(check.name):
-                running[check.name] = key
+                running[check.name] = key  # counted as met once judged (record)
                 continue
             else:
                 tally.deferred += 1
+            self._met(check.name, key)
             case = check.without(case)
             skip.add(check.name)
         consumers = drawn.touches.consumers if drawn.touches is not None else ()
@@ -138,15 +138,21 @@ class Schedule:
             tally = self.tally[name]
             tally.seconds += spent.get(name, extra)
             if name not in judged:
-                self.seen[name].discard(key)  # its turn never came (an earlier finding, a skip): not judged yet
-                tally.keys_seen -= 1
-                continue
+                continue  # its turn never came (an earlier finding, a skip): not met yet
             tally.keys_checked += 1
+            self._met(name, key)
             tally.findings += judged[name] is not None
             memo = self.memo[name]
             if len(memo) >= MEMO_LIMIT:
                 memo.pop(next(iter(memo)))
             memo[key] = judged[name]
+
+    def _met(self, name: str, key: HashedKey) -> None:
+        seen, tally = self.seen[name], self.tally[name]
+        seen.add(key.hash)
+        # Never falling, nor below the keys judged: past EXACT_LIMIT the count is an estimate, and a key the memo has forgotten
+        # is judged again.
+        tally.keys_seen = max(tally.keys_seen, len(seen), tally.keys_checked)
 
     def _may_run(self, name: str) -> bool:
         tally = self.tally[name]

@@ -9,6 +9,7 @@ how backends declare their layout, and the calls that turn raw buffers into view
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -120,6 +121,7 @@ FIELD_DEFAULTS = {name: getattr(SpecCase(kind="full", block_size=16), name) for 
 # The fields of a spec vLLM built from a layer that the spec check compares with the case (fuzz/verdict/specs.py).
 SPEC_FACT_FIELDS = ("block_size", "num_kv_heads", "head_size", "head_size_v", "dtype", "sliding_window", "num_head_slots",
                     "state_content_bytes", "page_size_padded")
+SYNTHETIC_CLASSES = 256  # synthetic backend classes kept for reuse: drawn backends rarely repeat, and each class costs memory
 # Plenty for any case kvfuzz draws; the block count itself comes from the override.
 AVAILABLE_MEMORY = 1 << 40
 
@@ -283,7 +285,7 @@ class Adapter:
         self.refused_on_gpus: dict[str, frozenset[str]] = {}  # backend -> cache dtypes no GPU it supports accepts
         self.spec_classes = {kind: cls for kind, name in SPEC_CLASSES.items() if (cls := probe.spec_class(name)) is not None}
         self.spec_kinds = tuple(kind for kind in SPEC_CLASSES if kind in self.spec_classes and self.supports_kind(kind))
-        self._synthetic: dict[SyntheticBackend, type] = {}
+        self._synthetic: collections.OrderedDict[SyntheticBackend, type] = collections.OrderedDict()  # the most recent SYNTHETIC_CLASSES
         self._spec_fields: dict[type, frozenset[str]] = {}
         self._registered: set[str] = set()
         self.max_buffer_bytes = 1 << 30  # cases needing more are skipped on real devices
@@ -596,7 +598,11 @@ class Adapter:
     def backend_class(self, group: GroupCase) -> type | None:
         if group.synthetic_backend is not None:
             key = group.synthetic_backend
-            if key not in self._synthetic:
+            if key in self._synthetic:
+                self._synthetic.move_to_end(key)
+            else:
+                if len(self._synthetic) >= SYNTHETIC_CLASSES:
+                    self._synthetic.popitem(last=False)
                 sizes = [self.multiple_of(int(s[1:])) if isinstance(s, str) else s for s in key.kernel_block_sizes]
                 namespace = {
                     "get_name": staticmethod(lambda: key.registered_name),
