@@ -3,7 +3,8 @@
 A worker meets hundreds of new keys a second for days; remembering each one (the schedule once kept every key it met,
 about 5 KB of case a key) grows without end. The count is exact up to `EXACT_LIMIT` keys, then a HyperLogLog sketch
 (Flajolet et al., 2007) of 2^PRECISION registers estimates it within about 1 % (1.04 / sqrt(2^PRECISION)). It is fed
-the 64-bit hash the schedule already takes of each key, so counting costs no second hash of the key.
+the 64-bit hash the schedule already takes of each key, so counting costs no second hash of the key (the sketch
+libraries, datasketch's HyperLogLog for one, hash bytes of their own on every update: several times the cost).
 """
 
 from __future__ import annotations
