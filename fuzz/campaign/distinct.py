@@ -45,10 +45,6 @@ class DistinctCount:
             if len(self.exact) > EXACT_LIMIT:
                 self.exact = None
 
-    @property
-    def exactly(self) -> bool:
-        return self.exact is not None
-
     def __len__(self) -> int:
         if self.exact is not None:
             return len(self.exact)
