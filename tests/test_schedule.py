@@ -20,6 +20,7 @@ from fuzz.checks import kernel_probe as kernel_check
 from fuzz.checks import planner_fit as planner_check
 from fuzz.checks import v1_runner as v1_check
 from fuzz.space import Rejected, draw_indexed
+from fuzz.verdict.findings import Finding
 from fuzz.verdict.runner import CaseResult, run_case
 
 
@@ -186,8 +187,9 @@ def test_every_check_judged_on_a_case_reports_its_time(kvfuzz_target) -> None:
     assert {"v1-runner", "planner-fit", "kernel-probe", "consumer:copy", "consumer:offload"} <= judged_checks
 
 
-def tallied(schedule: Schedule, name: str, seen: int, checked: int, seconds: float, findings: int = 0) -> None:
-    schedule.tally[name] = CheckTally(offered=seen, keys_seen=seen, keys_checked=checked, seconds=seconds, findings=findings)
+def tallied(schedule: Schedule, name: str, seen: int, checked: int, seconds: float, findings: int = 0, new: int = 0) -> None:
+    schedule.tally[name] = CheckTally(offered=seen, keys_seen=seen, keys_checked=checked, seconds=seconds, findings=findings,
+                                      new_findings=new)
 
 
 def test_a_check_that_needs_little_leaves_the_rest_of_the_budget_to_the_others() -> None:
@@ -208,10 +210,27 @@ def test_checks_that_all_want_more_split_the_budget_by_yield_above_their_floors(
     clock.now = 100.0
     tallied(schedule, "consumer:copy", seen=10_000, checked=300, seconds=3.0)  # 100 keys a second of its time
     tallied(schedule, "consumer:zeroer", seen=10_000, checked=100, seconds=10.0)  # 10
-    tallied(schedule, "kernel-probe", seen=10_000, checked=10, seconds=10.0, findings=1)  # (10 + 20) / 10 = 3
+    tallied(schedule, "kernel-probe", seen=10_000, checked=10, seconds=10.0, findings=5, new=1)  # (10 + 20 x 1 new) / 10 = 3
     allowed = schedule.allowances()
     assert sum(allowed.values()) == pytest.approx(0.5)
     rest = 0.5 - 3 * 0.05
     assert allowed["consumer:copy"] == pytest.approx(0.05 + rest * 100 / 113)
     assert allowed["consumer:zeroer"] == pytest.approx(0.05 + rest * 10 / 113)
     assert allowed["kernel-probe"] == pytest.approx(0.05 + rest * 3 / 113)
+
+
+def test_only_a_bug_or_variant_new_to_the_worker_adds_to_a_checks_yield() -> None:
+    clock = Clock()
+    schedule = Schedule((ConsumerCheck("copy"),), share=1.0, floor=1.0, clock=clock)
+    copy_only = with_touches(consumers=("copy",), tokens=())
+    known = Finding("consumer-mismatch", "full", "copy_kv_cache_blocks_inplace", "block 3 copied to 7", "l0", backend="A", layout="NHD")
+    found = [known, dataclasses.replace(known, message="block 1 copied to 2"),  # the same bug: numbers are not its signature
+             dataclasses.replace(known, backend="B"),  # the same bug under another backend: a new variant
+             dataclasses.replace(known, message="block 0 left unzeroed"),  # another bug
+             None, known]
+    for blocks, finding in enumerate(found):
+        clock.now += 100.0  # time enough for every key
+        plan = schedule.plan(dataclasses.replace(copy_only, num_blocks=4 + blocks))
+        schedule.record(plan, CaseResult(plan.case, verdict=None, checks={"consumer:copy": finding}), seconds=1.0)  # type: ignore[arg-type]
+    tally = schedule.tally["consumer:copy"]
+    assert (tally.keys_checked, tally.findings, tally.new_findings) == (6, 5, 3)

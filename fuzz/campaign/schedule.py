@@ -10,7 +10,9 @@ The deeper checks together get at most `share` of the worker's time (`allowances
 and findings per second of its own time), none past what it needs to check every key it meets, so that a cheap check's
 unneeded part goes to the others. The first few keys of each check always run, to measure it. A check's time is what
 its own code took, in the target and in the verdict (fuzz/checks/timing.py); one that reports none is charged what its
-case took beyond the view path's running mean (split evenly among such checks of the case).
+case took beyond the view path's running mean (split evenly among such checks of the case). A finding adds to a check's
+yield only the first time the worker meets its bug under that variant (signature, spec kind, backend, layout): a check
+that keeps hitting one known bug earns its time by its keys alone.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ FLOOR = 0.1  # of the deeper budget, for every check
 WARMUP = 3  # keys of each check run before its share is measured
 MEMO_LIMIT = 2_048  # judged keys remembered per check, the oldest going first: each holds its case (about 5 KB), and drawn keys
 # seldom repeat (a 5-minute one-worker campaign reused about 80 verdicts in 185,000 cases), so more buys little but memory
-FINDING_WEIGHT = 20  # a finding counts as this many judged keys in a check's yield
+FINDING_WEIGHT = 20  # a new finding counts as this many judged keys in a check's yield
 BASE_SMOOTHING = 0.05  # weight of the newest view-only case in the view path's running mean
 REPLAN_SECONDS = 0.1  # the allowances are worked out again at most this often
 HEADROOM = 1.25  # a check's need, over what its keys cost so far: one that keeps up is not deferred by its own noise
@@ -53,6 +55,7 @@ class CheckTally:
     deferred: int = 0  # cases left without it for its share of time
     seconds: float = 0.0
     findings: int = 0  # judged keys whose verdict was a finding
+    new_findings: int = 0  # of those, the ones whose bug and variant the worker met first
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "seconds": round(self.seconds, 3)}
@@ -94,6 +97,7 @@ class Schedule:
         self.seen: dict[str, DistinctCount] = {c.name: DistinctCount() for c in checks}  # keys met, by hash only
         self.tally: dict[str, CheckTally] = {c.name: CheckTally() for c in checks}
         self.base_seconds: float | None = None  # running mean of a view-only case
+        self.bugs_met: set[tuple[str, tuple[str, str, str]]] = set()  # (signature, variant) of each finding judged so far
         self.reported: dict[str, dict[str, Any]] = {}  # the tallies as the last batch report gave them
         self._allowed: dict[str, float] | None = None
         self._allowed_at = self.started
@@ -141,11 +145,17 @@ class Schedule:
                 continue  # its turn never came (an earlier finding, a skip): not met yet
             tally.keys_checked += 1
             self._met(name, key)
-            tally.findings += judged[name] is not None
+            finding = judged[name]
+            if finding is not None:
+                tally.findings += 1
+                bug = (finding.signature, finding.variant)
+                if bug not in self.bugs_met:
+                    self.bugs_met.add(bug)
+                    tally.new_findings += 1
             memo = self.memo[name]
             if len(memo) >= MEMO_LIMIT:
                 memo.pop(next(iter(memo)))
-            memo[key] = judged[name]
+            memo[key] = finding
 
     def _met(self, name: str, key: HashedKey) -> None:
         seen, tally = self.seen[name], self.tally[name]
@@ -169,7 +179,7 @@ class Schedule:
         elapsed = max(self.clock() - self.started, 1e-6)
         offered = {name: tally for name, tally in self.tally.items() if tally.offered}
         needs = {name: HEADROOM * t.keys_seen / elapsed * t.seconds / max(t.keys_checked, 1) for name, t in offered.items()}
-        yields = {name: (t.keys_checked + FINDING_WEIGHT * t.findings) / max(t.seconds, 1e-3) for name, t in offered.items()}
+        yields = {name: (t.keys_checked + FINDING_WEIGHT * t.new_findings) / max(t.seconds, 1e-3) for name, t in offered.items()}
         allowed = {name: min(self.floor * self.share, need) for name, need in needs.items()}
         left = self.share - sum(allowed.values())
         hungry = {name for name in offered if allowed[name] < needs[name]}
