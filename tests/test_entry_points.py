@@ -89,6 +89,22 @@ def test_no_view_code_anywhere_refuses_the_target(tmp_path):
     assert "has neither allocate_kv_cache" in result.stdout and "kvfuzz supports 0.19.1 and later" in result.stdout, result.stderr
 
 
+def test_view_code_that_does_not_import_is_named_with_its_error(tmp_path):
+    # What PyPI's torchvision does beside a CPU torch: vLLM's modules stop importing. The view code is there; the
+    # message must say why it cannot be used, not that the release lacks it.
+    root = fake_vllm(tmp_path, {
+        "vllm/v1/core/kv_cache_utils.py": PLANNER,
+        "vllm/v1/worker/gpu/attn_utils.py": "raise RuntimeError('operator torchvision::nms does not exist')\n"
+                                            "def _reshape_kv_cache(kv_cache_config, kv_cache_raw_tensors, attn_backends):\n    pass\n",
+    })
+    code = ("from fuzz.errors import TargetError\nfrom fuzz.targets import load_local\n"
+            "try:\n    load_local()\nexcept TargetError as error:\n    print(error)\n")
+    result = probe_in(root, code)
+    assert result.stdout.strip().splitlines() == [
+        "vLLM 9.0.0: the module of its KV-cache views does not import here "
+        "(vllm.v1.worker.gpu.attn_utils: RuntimeError: operator torchvision::nms does not exist)"], result.stdout + result.stderr
+
+
 # ---------------------------------------------------------------------------------- real refactors
 
 

@@ -24,6 +24,9 @@ def load_local() -> Target:
     if backend_shaped.probe(probe):
         settle_kernel_library()
         return backend_shaped.BackendShapedTarget(probe)
+    failure = probe.import_failure(("allocate_kv_cache", "_reshape_kv_cache"))
+    if failure is not None:
+        raise TargetError(f"vLLM {version}: the module of its KV-cache views does not import here ({failure})")
     raise TargetError(
         f"vLLM {version} has neither allocate_kv_cache (layout-placed views) nor _reshape_kv_cache (backend-shaped views) "
         f"anywhere in {', '.join(probe.search)}; kvfuzz supports 0.19.1 and later"

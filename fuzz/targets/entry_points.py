@@ -129,6 +129,7 @@ class Probe:
         self.search = search
         self._found: dict[str, Found | None] = {}
         self.searched: dict[str, str] = {}  # role -> where it was looked for, for messages
+        self.import_errors: dict[str, str] = {}  # module -> why it did not import here (its first line)
 
     def find(self, role: str) -> Found | None:
         if role not in self._found:
@@ -145,6 +146,14 @@ class Probe:
     def located(self) -> dict[str, str]:
         """Every entry point looked up so far that was found: role -> module.name."""
         return {role: found.where for role, found in sorted(self._found.items()) if found is not None}
+
+    def import_failure(self, names: tuple[str, ...]) -> str | None:
+        """Why a module whose source defines one of `names` did not import here (`module: error`), or None: a dependency
+        that breaks vLLM's import (PyPI's torchvision beside a CPU torch, say) must not read as a vLLM without the code."""
+        for module in self._defining_modules(names):
+            if module in self.import_errors:
+                return f"{module}: {self.import_errors[module]}"
+        return None
 
     def missing(self, role: str) -> str:
         wanted = ENTRY_POINTS[role]
@@ -177,7 +186,8 @@ class Probe:
     def _check(self, wanted: Wanted, module_name: str) -> Found | None:
         try:
             module = importlib.import_module(module_name)
-        except Exception:  # noqa: BLE001 - a module that does not import here holds nothing usable
+        except Exception as error:  # noqa: BLE001 - a module that does not import here holds nothing usable
+            self.import_errors.setdefault(module_name, f"{type(error).__name__}: {error}".splitlines()[0][:300])
             return None
         for name in wanted.names:
             obj = getattr(module, name, None)
