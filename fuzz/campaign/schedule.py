@@ -11,8 +11,8 @@ and findings per second of its own time), none past what it needs to check every
 unneeded part goes to the others. The first few keys of each check always run, to measure it. A check's time is what
 its own code took, in the target and in the verdict (fuzz/checks/timing.py); one that reports none is charged what its
 case took beyond the view path's running mean (split evenly among such checks of the case). A finding adds to a check's
-yield only the first time the worker meets its bug under that variant (signature, spec kind, backend, layout): a check
-that keeps hitting one known bug earns its time by its keys alone.
+yield only the first time the worker meets its bug (its signature; a bug met under another spec kind, backend or layout
+is still that one bug): a check that keeps hitting one known bug earns its time by its keys alone.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class CheckTally:
     deferred: int = 0  # cases left without it for its share of time
     seconds: float = 0.0
     findings: int = 0  # judged keys whose verdict was a finding
-    new_findings: int = 0  # of those, the ones whose bug and variant the worker met first
+    new_findings: int = 0  # of those, the ones whose bug (signature) the worker met first
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "seconds": round(self.seconds, 3)}
@@ -97,7 +97,7 @@ class Schedule:
         self.seen: dict[str, DistinctCount] = {c.name: DistinctCount() for c in checks}  # keys met, by hash only
         self.tally: dict[str, CheckTally] = {c.name: CheckTally() for c in checks}
         self.base_seconds: float | None = None  # running mean of a view-only case
-        self.bugs_met: set[tuple[str, tuple[str, str, str]]] = set()  # (signature, variant) of each finding judged so far
+        self.bugs_met: set[str] = set()  # the signature of each finding judged so far
         self.reported: dict[str, dict[str, Any]] = {}  # the tallies as the last batch report gave them
         self._allowed: dict[str, float] | None = None
         self._allowed_at = self.started
@@ -148,9 +148,8 @@ class Schedule:
             finding = judged[name]
             if finding is not None:
                 tally.findings += 1
-                bug = (finding.signature, finding.variant)
-                if bug not in self.bugs_met:
-                    self.bugs_met.add(bug)
+                if finding.signature not in self.bugs_met:
+                    self.bugs_met.add(finding.signature)
                     tally.new_findings += 1
             memo = self.memo[name]
             if len(memo) >= MEMO_LIMIT:
