@@ -77,7 +77,7 @@ def check_cell(row: dict[str, Any]) -> str:
     """One deeper check's work: keys checked of keys seen, verdicts reused, time share, findings (and how many of them were
     a bug new to their worker)."""
     return (f"{row['keys_checked']:,}/{row['keys_seen']:,} keys checked, {row['reused']:,} reused, "
-            f"{row['time_share']:.0%} of the time, {row['findings']:,} finding key(s), {row.get('new_findings', 0):,} new")
+            f"{row['time_share']:.0%} of the time, {row['findings']:,} finding key(s), {row['new_findings']:,} new")
 
 
 def checks_line(report: Report) -> str:

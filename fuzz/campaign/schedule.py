@@ -7,7 +7,7 @@ Every case runs the view path. Each deeper check a case asks for (fuzz/checks) i
 
 The deeper checks together get at most `share` of the worker's time (`allowances`). Each check is first given up to
 `floor` of that budget, so that none starves; the rest goes to the checks by what each has been yielding (keys judged
-and findings per second of its own time), none past what it needs to check every key it meets, so that a cheap check's
+and new findings per second of its own time), none past what it needs to check every key it meets, so that a cheap check's
 unneeded part goes to the others. The first few keys of each check always run, to measure it. A check's time is what
 its own code took, in the target and in the verdict (fuzz/checks/timing.py); one that reports none is charged what its
 case took beyond the view path's running mean (split evenly among such checks of the case). A finding adds to a check's
