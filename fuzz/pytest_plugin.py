@@ -100,7 +100,7 @@ def kvfuzz_target(request: pytest.FixtureRequest) -> Iterator[Any]:
     spec = request.config.getoption("--kvfuzz-vllm")
     if spec == "installed":
         pytest.importorskip("vllm")
-        from fuzz.targets import load_local
+        from fuzz.targets.loader import load_local
 
         yield load_local()
         return

@@ -40,6 +40,7 @@ from fuzz.case import (
     layout_as,
     replace,
 )
+from fuzz.checks import registry
 from fuzz.targets.base import BackendInfo, TargetInfo
 from oracles import dtypes, pages
 
@@ -409,44 +410,6 @@ def layout_reason(case: Case, info: TargetInfo) -> str | None:
     return None
 
 
-# The block zeroers (fuzz/targets/consumers.py) and when vLLM runs them: the worker builds its zeroer, and the scheduler
-# hands out blocks to zero, only when the planned KVCacheConfig says needs_kv_cache_zeroing (gpu_worker.py, scheduler.py,
-# 0.22 - 0.34). The consumers ask the config vLLM planned for the case; `zeroes` predicts it for the generator and the
-# minimizer, so zeroers are drawn only on cases vLLM zeroes.
-ZEROERS = ("zeroer", "cpu-zero", "cpu-zeroer")
-ZEROING_RULE = ("vLLM zeroes freed blocks only when KVCacheConfig.needs_kv_cache_zeroing holds: models with Mamba layers, "
-                "and from 0.28 attention caches stored at more than one precision")
-
-
-def zeroes(case: Case) -> bool:
-    """Whether vLLM's plan for the case asks for zeroing (ZEROING_RULE): a Mamba group, or attention layers of more than one
-    (storage dtype, quant mode). Releases before 0.28 count Mamba only; kvfuzz draws one precision per model there."""
-    if any(group.spec.kind == "mamba" for group in case.groups):
-        return True
-    return len({(spec.dtype, spec.kv_quant_mode) for group in case.groups for spec in group.layer_specs}) > 1
-
-
-# The CPU model runner's zeroers run only on the CPU platform, whose attention selector returns CPU_ATTN, CPU_MLA (from
-# 0.28) or AMX_MLA (from 0.29) and nothing else (0.32.0 vllm/platforms/cpu.py get_attn_backend_cls: "if selected_backend and
-# selected_backend != AttentionBackendEnum.CPU_ATTN: logger.info("Cannot use %s backend on CPU.", ...)", then
-# "return AttentionBackendEnum.CPU_ATTN.get_path()"; MLA layers get AMX_MLA or CPU_MLA); from 0.30 DeepSeek V4's CPU model
-# picks its own (models/deepseek_v4/cpu/cpu_mla.py: CPU_V4_MLA_SPARSE, CPU_V4_INDEXER). A synthetic backend is none of
-# them: the selector never returns a backend of kernel block sizes and layouts kvfuzz made up, so the CPU runner never sees
-# its views (a synthetic backend once stood for any, and drew the CPU zeroer over two full-attention groups of different
-# pages at one pool position, which no CPU backend builds: tests/test_triage_fixes.py).
-CPU_CONSUMERS = ("cpu-zero", "cpu-zeroer")
-CPU_BACKENDS = ("CPU_ATTN", "CPU_MLA", "AMX_MLA", "CPU_V4_MLA_SPARSE", "CPU_V4_INDEXER")
-CPU_RULE = "the CPU model runner runs only on the CPU platform, whose attention backends are " + ", ".join(CPU_BACKENDS)
-
-
-def on_cpu(case: Case) -> bool:
-    """Whether a CPU deployment could build the case (CPU_RULE): every attention group on a backend the CPU platform selects
-    (no synthetic one), and no ROCm."""
-    if case.platform == "rocm":
-        return False
-    return all(group.backend in CPU_BACKENDS for group in case.groups if group.spec.kind != "mamba")
-
-
 # BlockPool's block 0 is its null block (get_kv_cache_config_from_groups: "BlockPool always needs a null_block"; block_pool.py
 # `self.null_block = self.free_block_queue.popleft()`), which no request owns: the scheduler hands the zeroers none of it,
 # copy-on-write copies never name it, and the offloading scheduler skips it (offloading/scheduler.py `if block_id == 0:
@@ -466,7 +429,7 @@ def _page_buckets(info: TargetInfo, case: Case) -> bool:
 def _touches(source: Source, info: TargetInfo, case: Case) -> Touches:
     """The consumers the case runs (each the target has and vLLM runs on it, at least one), the blocks they zero and map,
     one block copy, and one to three tokens for the kernel probe, positions biased to a block's first and last token."""
-    drawable = tuple(name for name in info.consumers if (name not in ZEROERS or zeroes(case)) and (name not in CPU_CONSUMERS or on_cpu(case)))
+    drawable = tuple(name for name in info.consumers if registry.BY_NAME[name].unrealistic(case) is None)
     consumers = tuple(name for name in drawable if source.chance(50))
     if drawable and not consumers:
         consumers = (source.choice(drawable),)
@@ -791,10 +754,10 @@ def unrealistic(case: Case, info: TargetInfo) -> str | None:
     page_sizes = {pages.page(g.spec).page_bytes for g in case.groups}
     if shaped and len(page_sizes) > 1 and not _page_buckets(info, case):
         return "pools hold one page size before 0.29"
-    if case.touches is not None and set(case.touches.consumers) & set(ZEROERS) and not zeroes(case):
-        return ZEROING_RULE
-    if case.touches is not None and set(case.touches.consumers) & set(CPU_CONSUMERS) and not on_cpu(case):
-        return CPU_RULE
+    for name in case.touches.consumers if case.touches is not None else ():
+        check = registry.BY_NAME.get(name)
+        if check is not None and (why := check.unrealistic(case)) is not None:
+            return why
     if case.touches is not None and case.touches.consumers and case.num_blocks == 1 and case.touches.blocks:
         return NULL_BLOCK_RULE
     if attention and any(g.spec.kind == "mamba" and len(g.layers) < max(len(a.layers) for a in attention) for g in case.groups):
@@ -818,7 +781,7 @@ def buffer_bytes(case: Case) -> int:
     return case.num_blocks * sum(pages.page(spec).page_bytes for g in case.groups for spec in g.layer_specs)
 
 
-__all__ = ["CPU_BACKENDS", "CPU_CONSUMERS", "CPU_RULE", "DTYPE_SIZES", "NULL_BLOCK_RULE", "ZEROERS", "ZEROING_RULE", "RandomSource",
+__all__ = ["DTYPE_SIZES", "NULL_BLOCK_RULE", "RandomSource",
            "Rejected", "Source",
            "accepts", "buffer_bytes", "case_seed", "choose_kernel_block_size",
-           "draw_case", "draw_indexed", "for_run", "layer_reason", "on_cpu", "unrealistic", "zeroes"]
+           "draw_case", "draw_indexed", "for_run", "layer_reason", "unrealistic"]

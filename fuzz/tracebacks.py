@@ -5,8 +5,9 @@ A kvfuzz internal error is a bug to report, so what reports it (a campaign's rep
 frames: `MemoryError (kvfuzz: fuzz/targets/readback.py:95 region_of)`, with vLLM on the stack
 `TYPE: MESSAGE (kvfuzz: fuzz/FILE:LINE FUNCTION; vLLM: vllm/FILE:LINE FUNCTION)`.
 
-The same frames decide whose an out-of-memory error is (fuzz/targets/common.py `vllm_failure`): one whose innermost
-frame of the two is kvfuzz's is kvfuzz's bug, even when vLLM called that code.
+An error raised in (or through) vLLM's code is no bug of kvfuzz's but an outcome to judge (`vllm_failure`, `capture`):
+it names the innermost vLLM frame. The same frames decide whose an out-of-memory error is: one whose innermost frame of
+the two is kvfuzz's is kvfuzz's bug, even when vLLM called that code.
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
 from fuzz import SOURCE_ROOT
+from fuzz.errors import CaseMismatch, Inexpressible, TargetError
+from fuzz.targets.base import Outcome
+from fuzz.targets.calls import call_mismatch
 
 # Enough for any stack kvfuzz and vLLM build; the innermost frames are kept when a traceback is longer.
 TRACEBACK_CHARS = 12_000
@@ -141,3 +146,56 @@ def vllm_path(filename: str) -> str | None:
 def _release_locals(tb: TracebackType | None) -> None:
     """Drop the locals of the finished frames: after a MemoryError they may hold the very arrays that filled the memory."""
     traceback.clear_frames(tb)
+
+
+def capture(call: Callable[[], Outcome]) -> Outcome:
+    """Run `call`; an exception raised in vLLM's code becomes an Outcome naming the innermost vLLM function.
+
+    SystemExit and KeyboardInterrupt raised by the target are data too: workers ignore SIGINT,
+    so neither can come from the user. An exception no vLLM frame took part in is kvfuzz's own
+    and propagates (an internal error), as does a case whose derived fields vLLM derives differently.
+    """
+    try:
+        return call()
+    except (CaseMismatch, Inexpressible):
+        raise
+    except (Exception, SystemExit, KeyboardInterrupt) as error:
+        mismatch = call_mismatch(error)
+        if mismatch is not None:  # kvfuzz called vLLM wrongly: not an outcome of vLLM's
+            raise TargetError(mismatch) from None
+        outcome = vllm_failure(error)
+        if outcome is None:
+            raise
+        return outcome
+
+
+def vllm_failure(error: BaseException) -> Outcome | None:
+    """The Outcome of an exception raised in (or through) vLLM's code, naming the innermost vLLM frame;
+    None when vLLM took no part in it, or when memory ran out in kvfuzz's own code (fuzz/tracebacks.py)."""
+    innermost = None
+    tb = error.__traceback__
+    while tb is not None:  # the frames as traceback.extract_tb lists them, without reading their source lines
+        code = tb.tb_frame.f_code
+        path = vllm_path(code.co_filename)
+        if path is not None:
+            innermost = (code.co_name, path, tb.tb_lineno)
+        tb = tb.tb_next
+    if innermost is None or (out_of_memory(error) and innermost_is_kvfuzz(error)):  # kvfuzz's own code ran out, even if vLLM called it
+        return None
+    function, path, line = innermost
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return Outcome(error_type=type(error).__name__, error_message=message[:500], error_function=function,
+                   error_layer=layer_in_flight(error), error_file=path, error_line=line)
+
+
+def layer_in_flight(error: BaseException) -> str | None:
+    """The innermost `layer_name` a vLLM frame was handling when it raised."""
+    layer = None
+    tb = error.__traceback__
+    while tb is not None:
+        if "/vllm/" in tb.tb_frame.f_code.co_filename.replace("\\", "/"):
+            candidate = tb.tb_frame.f_locals.get("layer_name")
+            if isinstance(candidate, str):
+                layer = candidate
+        tb = tb.tb_next
+    return layer

@@ -508,19 +508,19 @@ FULL_ATTENTION_KINDS = ("full", "sink", "mla")
       "sliding-window pages could therefore retain stale data'); vllm/v1/worker/cpu_model_runner.py _zero_block_ids (0.25+): "
       "'Zero full-attention blocks to prevent stale data corruption on partial writes'; vllm/v1/worker/cpu/utils.py "
       "CPUKVBlockZeroer(KVBlockZeroer) (0.34): 'Zero newly allocated logical KV blocks through their tensor views'")
-def zeroed_kinds(consumer: str) -> tuple[str, ...]:
+def zeroed_kinds(full_attention_only: bool) -> tuple[str, ...]:
     """The layers a zeroer clears block b in: KVBlockZeroer and 0.34's CPUKVBlockZeroer every attention layer that
-    allocates a cache; the CPU runner's _zero_block_ids the full-attention layers it says it zeroes."""
-    return FULL_ATTENTION_KINDS if consumer == "cpu-zero" else ALLOCATING_ATTENTION_KINDS
+    allocates a cache; the CPU runner's _zero_block_ids (`full_attention_only`) the full-attention layers it says it zeroes."""
+    return FULL_ATTENTION_KINDS if full_attention_only else ALLOCATING_ATTENTION_KINDS
 
 
 @rule("vllm/v1/worker/utils.py _zero_kv_blocks_kernel: 'seg_addrs_ptr holds absolute byte addresses ... ptr = "
       "tl.cast(seg_addr, tl.pointer_type(tl.int32))'; KVBlockZeroer.__init__: `assert block_stride_bytes % 4 == 0`, "
       "`assert kernel_page_bytes % 4 == 0`, `assert (dp + off_bytes) % 4 == 0`")
-def zeroer_granule(consumer: str) -> int:
-    """KVBlockZeroer clears 4-byte words: it serves layouts whose pages, block pitches and page starts are whole words, and
-    refuses others (0.34's CPUKVBlockZeroer and the CPU runner zero through tensor views, any byte)."""
-    return 4 if consumer == "zeroer" else 1
+def zeroer_granule(clears_words: bool) -> int:
+    """KVBlockZeroer (`clears_words`) clears 4-byte words: it serves layouts whose pages, block pitches and page starts are
+    whole words, and refuses others (0.34's CPUKVBlockZeroer and the CPU runner zero through tensor views, any byte)."""
+    return 4 if clears_words else 1
 
 
 @rule("vllm/v1/worker/block_table.py BlockTable.compute_slot_mapping: 'E.g., [0, 1, 0, 1, 2, 3, 4, 0, 1, 2] -> [0, 0, K, K, "

@@ -195,17 +195,17 @@ def tile(case: Case, expected: Expectation, block: int) -> Bytes:
     return union(*parts)
 
 
-def zeroed_layers(case: Case, expected: Expectation, consumer: str) -> list[str]:
+def zeroed_layers(case: Case, expected: Expectation, full_attention_only: bool) -> list[str]:
     """The layers a zeroer must clear block b in: those of the spec kinds it zeroes (rules.zeroed_kinds)."""
-    kinds = rules.zeroed_kinds(consumer)
+    kinds = rules.zeroed_kinds(full_attention_only)
     return [name for name in cache_layers(expected) if case.groups[expected.layers[name].group].spec.kind in kinds]
 
 
-def zeroer_serves(case: Case, expected: Expectation, consumer: str) -> bool:
+def zeroer_serves(case: Case, expected: Expectation, full_attention_only: bool, clears_words: bool) -> bool:
     """Whether every page the zeroer clears starts, ends and steps on its granule (rules.zeroer_granule); a padded page's
     content too (the zeroer measures a page by the elements it holds)."""
-    granule = rules.zeroer_granule(consumer)
-    for name in zeroed_layers(case, expected, consumer):
+    granule = rules.zeroer_granule(clears_words)
+    for name in zeroed_layers(case, expected, full_attention_only):
         rule, view = expected.layers[name].pages, expected.layers[name].views
         steps = [rule.origin, rule.block_pitch, rule.span_len, min(rule.pad_start, rule.span_len), *rule.span_starts,
                  *(v.byte_offset for v in view), *(v.byte_strides[v.block_axis] for v in view)]

@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 
 from fuzz.case import Case, GroupCase, SpecCase, Touches, from_dict
-from fuzz.space import CPU_CONSUMERS, CPU_RULE, ZEROERS, ZEROING_RULE, Rejected, draw_indexed, on_cpu, unrealistic, zeroes
+from fuzz.checks.when import CPU_RULE, ZEROING_RULE, on_cpu, zeroes
+from fuzz.space import Rejected, draw_indexed, unrealistic
+
+ZEROERS = ("zeroer", "cpu-zero", "cpu-zeroer")
+CPU_CONSUMERS = ("cpu-zero", "cpu-zeroer")
 from fuzz.targets.base import TargetInfo
 from fuzz.verdict.runner import run_case
 
@@ -43,7 +47,7 @@ def target(kvfuzz_target):
 def zeroer_records(target, case: Case) -> dict[str, dict]:
     result = run_case(target, case, "cpu")
     assert result.verdict.status == "pass", result.verdict
-    return {name: record for name, record in result.outcome.touches["consumers"].items() if name in ZEROERS}
+    return {name: record for name, record in result.outcome.checks.items() if name in ZEROERS}
 
 
 def test_a_zeroer_is_skipped_with_the_reason_where_vllm_zeroes_nothing(target):

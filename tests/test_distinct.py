@@ -17,7 +17,7 @@ from fuzz.campaign import distinct, schedule
 from fuzz.campaign.distinct import DistinctCount
 from fuzz.campaign.schedule import Schedule
 from fuzz.case import GroupCase, SpecCase, SyntheticBackend
-from fuzz.checks import ConsumerCheck
+from fuzz.checks import block_copy
 from fuzz.verdict.runner import CaseResult
 from tests.test_schedule import with_touches
 
@@ -66,7 +66,7 @@ def test_a_schedule_meeting_new_keys_stops_growing(monkeypatch: pytest.MonkeyPat
     """Past its memo's limit and the count's exact limit, a schedule that meets only new keys holds no more memory."""
     monkeypatch.setattr(schedule, "MEMO_LIMIT", 300)
     monkeypatch.setattr(distinct, "EXACT_LIMIT", 300)
-    checked = Schedule((ConsumerCheck("copy"),), share=1.0, floor=1.0)
+    checked = Schedule((block_copy.CHECK,), share=1.0, floor=1.0)
     _judged_copy_cases(checked, 2_000, start=10)  # both limits reached
     tracemalloc.start()
     try:
@@ -76,9 +76,9 @@ def test_a_schedule_meeting_new_keys_stops_growing(monkeypatch: pytest.MonkeyPat
         grown = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    tally = checked.tally["consumer:copy"]
+    tally = checked.tally["copy"]
     assert tally.keys_checked == 11_000 and abs(tally.keys_seen - 11_000) < 550, tally
-    assert len(checked.memo["consumer:copy"]) == 300
+    assert len(checked.memo["copy"]) == 300
     # Each key holds a case of a few hundred bytes: 6,000 more of them would be over a megabyte.
     assert grown < 100_000, grown
 

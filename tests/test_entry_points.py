@@ -72,7 +72,7 @@ def test_a_signature_that_says_nothing_is_a_one_line_target_error(tmp_path):
         "vllm/v1/worker/gpu/attn_utils.py": "def _reshape_kv_cache(*args, **kwargs):\n    pass\n"
                                             "def _allocate_kv_cache(kv_cache_config, device):\n    pass\n",
     })
-    code = ("from fuzz.errors import TargetError\nfrom fuzz.targets import load_local\n"
+    code = ("from fuzz.errors import TargetError\nfrom fuzz.targets.loader import load_local\n"
             "try:\n    load_local()\nexcept TargetError as error:\n    print('TargetError:', error)\n")
     result = probe_in(root, code)
     lines = result.stdout.strip().splitlines()
@@ -83,7 +83,7 @@ def test_a_signature_that_says_nothing_is_a_one_line_target_error(tmp_path):
 
 def test_no_view_code_anywhere_refuses_the_target(tmp_path):
     root = fake_vllm(tmp_path, {"vllm/v1/core/kv_cache_utils.py": PLANNER})
-    code = ("from fuzz.errors import TargetError\nfrom fuzz.targets import load_local\n"
+    code = ("from fuzz.errors import TargetError\nfrom fuzz.targets.loader import load_local\n"
             "try:\n    load_local()\nexcept TargetError as error:\n    print(error)\n")
     result = probe_in(root, code)
     assert "has neither allocate_kv_cache" in result.stdout and "kvfuzz supports 0.19.1 and later" in result.stdout, result.stderr
@@ -97,7 +97,7 @@ def test_view_code_that_does_not_import_is_named_with_its_error(tmp_path):
         "vllm/v1/worker/gpu/attn_utils.py": "raise RuntimeError('operator torchvision::nms does not exist')\n"
                                             "def _reshape_kv_cache(kv_cache_config, kv_cache_raw_tensors, attn_backends):\n    pass\n",
     })
-    code = ("from fuzz.errors import TargetError\nfrom fuzz.targets import load_local\n"
+    code = ("from fuzz.errors import TargetError\nfrom fuzz.targets.loader import load_local\n"
             "try:\n    load_local()\nexcept TargetError as error:\n    print(error)\n")
     result = probe_in(root, code)
     assert result.stdout.strip().splitlines() == [

@@ -87,7 +87,7 @@ def test_an_error_without_a_message_is_its_type_and_a_long_traceback_keeps_its_i
 
 
 def test_memory_running_out_in_kvfuzz_code_is_kvfuzz_s_even_when_vllm_called_it():
-    from fuzz.targets.common import vllm_failure
+    from fuzz.tracebacks import vllm_failure
 
     own = kvfuzz_function("raise MemoryError()")
     theirs = vllm_function("return own()", arguments="own")
@@ -99,7 +99,7 @@ def test_memory_running_out_in_kvfuzz_code_is_kvfuzz_s_even_when_vllm_called_it(
 
 
 def test_memory_running_out_in_vllm_code_is_vllm_s_naming_its_function():
-    from fuzz.targets.common import vllm_failure
+    from fuzz.tracebacks import vllm_failure
 
     theirs = vllm_function("raise MemoryError()", "register_kv_caches")
     own = kvfuzz_function("return theirs()", arguments="theirs")

@@ -47,7 +47,7 @@ def assert_sane_png(path: Path) -> None:
 @pytest.fixture(scope="module")
 def target():
     pytest.importorskip("vllm")
-    from fuzz.targets import load_local
+    from fuzz.targets.loader import load_local
 
     loaded = load_local()
     if not loaded.info.contract.layout_placed:

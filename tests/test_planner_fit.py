@@ -2,15 +2,20 @@
 blocks the memory holds; on the installed vLLM and on fakes whose arithmetic is wrong in the ways the
 override hides."""
 
+import os
+import sys
 from types import SimpleNamespace
 
 import pytest
 
 from fuzz.case import Case, GroupCase, SpecCase
+from fuzz.checks.planner_fit import CHECK, backing_bytes, memory_for, run
+from fuzz.checks.protocol import Judging
 from fuzz.targets.base import Outcome
-from fuzz.targets.planner_fit import backing_bytes, fit, memory_for
-from fuzz.verdict.planner import check_planner_fit
+from fuzz.targets.walk import Walk
+from fuzz.verdict.compare import Verdict
 from oracles import pages
+from oracles.contract import SHAPED_022
 
 CASE = Case(groups=(GroupCase(spec=SpecCase(kind="full", block_size=16, num_kv_heads=2, head_size=64), layers=("l0", "l1"),
                               backend="TRITON_ATTN", kernel_block_size=16),), num_blocks=5)
@@ -29,10 +34,24 @@ def planner(blocks_from_memory, tensors_per_plan=2, page=4096):
 
 
 def judged(plan, num_blocks=5):
+    """The check's run on a walk whose override plan has `num_blocks` blocks and whose planner from memory is `plan`, and its
+    verdict on what it recorded. An error `plan` raises here passes for vLLM's (its frame is in vllm/: vllm_of_plan)."""
     override_plan = planner(lambda _: num_blocks)(0)
-    facts = fit(plan, override_plan, num_blocks, describe=lambda error: Outcome(error_type=type(error).__name__,
-                                                                                 error_message=str(error), error_function="plan"))
-    return check_planner_fit(CASE, Outcome(planner_fit=facts)), facts
+    case = CASE if num_blocks == CASE.num_blocks else Case(groups=CASE.groups, num_blocks=num_blocks)
+    walk = Walk(case=case, config=override_plan, attn_groups=[], kernel_block_sizes=[], manager_views={}, bound_views={}, raw=[],
+                runners=("v2",), vllm_config=None, replan=vllm_of_plan(plan))
+    facts = run(walk)
+    return CHECK.judge(Judging(case, SHAPED_022, None, Outcome(), Verdict("pass")), facts), facts
+
+
+def vllm_of_plan(plan):
+    """`plan` called from a frame that reads as vLLM's (a code object compiled under a vllm/ path), so that an error it raises
+    is classified as vLLM's, as the planner's own would be."""
+    loaded = sys.modules.get("vllm")
+    folder = os.path.dirname(loaded.__file__) if loaded is not None and getattr(loaded, "__file__", None) else "/site-packages/vllm"
+    namespace = {"plan": plan}
+    exec(compile("def replan(memory):\n    return plan(memory)\n", os.path.join(folder, "v1/core/kv_cache_utils.py"), "exec"), namespace)
+    return namespace["replan"]
 
 
 def test_memory_is_the_blocks_exactly_or_one_byte_short():
@@ -82,8 +101,9 @@ def test_the_installed_planner_fits_its_memory(kvfuzz_target):
     result = kvfuzz_target.execute(CASE, "cpu")
     outcome = result.outcome
     assert outcome is not None and outcome.error_type is None, outcome
-    if outcome.planner_fit is None:
+    fit = outcome.checks.get("planner-fit")
+    if fit is None:
         pytest.skip("this vLLM's planner takes a block count, not memory")
     page = pages.page(CASE.groups[0].spec).page_bytes
-    assert outcome.planner_fit["bytes_per_block"] == 2 * page
-    assert outcome.planner_fit["num_blocks"] == 4 and outcome.planner_fit["tensor_bytes"] == 4 * 2 * page
+    assert fit["bytes_per_block"] == 2 * page
+    assert fit["num_blocks"] == 4 and fit["tensor_bytes"] == 4 * 2 * page

@@ -7,7 +7,9 @@ from collections import Counter
 import pytest
 
 from fuzz.errors import TargetError
-from fuzz.space import ZEROERS, Rejected, draw_indexed
+from fuzz.space import Rejected, draw_indexed
+
+ZEROERS = ("zeroer", "cpu-zero", "cpu-zeroer")
 from fuzz.targets.base import BackendInfo, TargetInfo
 from oracles import pages
 

@@ -4,7 +4,7 @@ import dataclasses
 
 from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend
 from fuzz.targets.base import BufferRecord, Execution, Outcome, ViewRecord
-from fuzz.verdict.runner import judge
+from fuzz.verdict.runner import CaseResult, judge, other_runners
 from fuzz.verdict.runners import compare_runners
 from oracles import expect, runner_contract
 from oracles.contract import LAYOUT_PLACED, SHAPED_019, SHAPED_020, SHAPED_021, SHAPED_022, SHAPED_027
@@ -27,6 +27,17 @@ def as_built(case: Case, contract, runner: str, **changes) -> Outcome:
     return Outcome(views=views, buffers=buffers, runner=runner)
 
 
+def run_by_both(case: Case, v2: Outcome, v1: Outcome) -> Execution:
+    """An execution of a case run by both runners: the V2 runner's views, the V1 runner's as its check's record."""
+    return Execution(dataclasses.replace(case, runner="both"), outcome=dataclasses.replace(v2, checks={"v1-runner": v1.to_dict()}))
+
+
+def v1_of(result: CaseResult, contract) -> CaseResult:  # noqa: ANN001
+    [(label, v1)] = other_runners(result, contract)
+    assert label.startswith("V1 model runner")
+    return v1
+
+
 def test_the_v1_runner_splits_kernel_blocks_where_the_v2_runner_did_not_yet():
     assert (runner_contract(SHAPED_019, "v1").kernel_split, runner_contract(SHAPED_019, "v1").shape_block) == (True, "slots")
     assert runner_contract(SHAPED_020, "v1").padded_pages and runner_contract(SHAPED_021, "v1") == SHAPED_022
@@ -39,8 +50,8 @@ def test_the_v1_runner_splits_kernel_blocks_where_the_v2_runner_did_not_yet():
 
 def test_same_bytes_in_another_order_is_a_runner_mismatch():
     v2, v1 = as_built(CASE, SHAPED_019, "v2"), as_built(CASE, SHAPED_019, "v1")
-    result = judge(Execution(CASE, outcome=v2, v1=v1), SHAPED_019)
-    assert result.v1 is not None and result.v1.verdict.status == "pass" and result.verdict.status == "finding"
+    result = judge(run_by_both(CASE, v2, v1), SHAPED_019)
+    assert v1_of(result, SHAPED_019).verdict.status == "pass" and result.verdict.status == "finding"
     finding = result.verdict.finding
     assert (finding.kind, finding.layer) == ("runner-mismatch", "l0")
     # One bug, whatever case shows it: the signature names kind, function and message; spec kind, backend and layout are the variant.
@@ -53,12 +64,12 @@ def test_same_bytes_in_another_order_is_a_runner_mismatch():
 
 def test_identical_layouts_agree_and_other_bytes_are_named():
     split = dataclasses.replace(CASE)
-    same = judge(Execution(split, outcome=as_built(split, SHAPED_022, "v2"), v1=as_built(split, SHAPED_022, "v1")), SHAPED_022)
+    same = judge(run_by_both(split, as_built(split, SHAPED_022, "v2"), as_built(split, SHAPED_022, "v1")), SHAPED_022)
     assert same.verdict.status == "pass"
     # A V1 layout whose blocks sit elsewhere fails its own oracle first: that runner's finding, not a mismatch.
     shifted = as_built(split, SHAPED_022, "v1", l0={"offset_bytes": 2})
-    result = judge(Execution(split, outcome=as_built(split, SHAPED_022, "v2"), v1=shifted), SHAPED_022)
-    assert result.verdict.finding.kind != "runner-mismatch" and result.v1.verdict.status == "finding"
+    result = judge(run_by_both(split, as_built(split, SHAPED_022, "v2"), shifted), SHAPED_022)
+    assert result.verdict.finding.kind != "runner-mismatch" and v1_of(result, SHAPED_022).verdict.status == "finding"
 
 
 def test_one_runner_refusing_what_the_other_builds_is_a_runner_mismatch():
@@ -68,7 +79,7 @@ def test_one_runner_refusing_what_the_other_builds_is_a_runner_mismatch():
     assert expect(padded, SHAPED_019, "v1").accepted
     ok = as_built(padded, SHAPED_019, "v2")
     # Both runners must accept it here, so the V1 refusal is the V1 runner's own refused-valid finding.
-    assert judge(Execution(padded, outcome=ok, v1=refused), SHAPED_019).verdict.finding.kind == "refused-valid"
+    assert judge(run_by_both(padded, ok, refused), SHAPED_019).verdict.finding.kind == "refused-valid"
     # Where the V1 contract rejects what the V2 contract builds (a padded page split into kernel blocks), a refusal is
     # V1's to make, and the disagreement of the runners is the finding.
     pad = dataclasses.replace(FULL, page_size_padded=40960)

@@ -15,7 +15,7 @@ import pytest
 
 from fuzz.campaign.schedule import CheckTally, Schedule
 from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend, Touches
-from fuzz.checks import ConsumerCheck, timing
+from fuzz.checks import block_copy, timing, zeroer
 from fuzz.checks import kernel_probe as kernel_check
 from fuzz.checks import planner_fit as planner_check
 from fuzz.checks import v1_runner as v1_check
@@ -59,7 +59,7 @@ IGNORES = {
     "v1": {"touches": a_case(touches=None), "device": a_case(device="cpu")},
     "planner": {"runner": a_case(runner="v2"), "touches": a_case(touches=None)},
 }
-KEYS = {"consumer": ConsumerCheck("copy").key, "kernel": kernel_check.CHECK.key, "v1": v1_check.CHECK.key, "planner": planner_check.CHECK.key}
+KEYS = {"consumer": block_copy.CHECK.key, "kernel": kernel_check.CHECK.key, "v1": v1_check.CHECK.key, "planner": planner_check.CHECK.key}
 
 
 @pytest.mark.parametrize(("check", "fact"), [(c, f) for c, facts in READS.items() for f in facts])
@@ -74,11 +74,11 @@ def test_a_key_leaves_out_what_its_check_does_not_read(check: str, fact: str) ->
 
 def test_leaving_a_check_out_keeps_the_rest_of_the_case() -> None:
     case = a_case()
-    assert ConsumerCheck("zeroer").without(case).touches == Touches(consumers=("copy",), blocks=(1,), copies=((0, 2),), tokens=((1, 3),))
+    assert zeroer.CHECK.without(case).touches == Touches(consumers=("copy",), blocks=(1,), copies=((0, 2),), tokens=((1, 3),))
     assert kernel_check.CHECK.without(case).touches == Touches(consumers=("zeroer", "copy"), blocks=(1,), copies=((0, 2),))
     assert v1_check.CHECK.without(case) == dataclasses.replace(case, runner="v2")
     alone = with_touches(consumers=("copy",), tokens=())
-    assert ConsumerCheck("copy").without(alone).touches is None
+    assert block_copy.CHECK.without(alone).touches is None
 
 
 class Clock:
@@ -91,9 +91,9 @@ class Clock:
 
 def test_the_schedule_defers_a_check_past_its_share_and_reuses_a_judged_key() -> None:
     clock = Clock()
-    schedule = Schedule((ConsumerCheck("copy"),), share=0.5, floor=1.0, clock=clock)
+    schedule = Schedule((block_copy.CHECK,), share=0.5, floor=1.0, clock=clock)
     copy_only = with_touches(consumers=("copy",), tokens=())
-    judged = CaseResult(copy_only, verdict=None, checks={"consumer:copy": None})  # type: ignore[arg-type]
+    judged = CaseResult(copy_only, verdict=None, checks={"copy": None})  # type: ignore[arg-type]
     for blocks in range(3):  # the warm-up keys run whatever they cost
         plan = schedule.plan(dataclasses.replace(copy_only, num_blocks=4 + blocks))
         assert plan.running
@@ -102,8 +102,8 @@ def test_the_schedule_defers_a_check_past_its_share_and_reuses_a_judged_key() ->
     later = schedule.plan(dataclasses.replace(copy_only, num_blocks=9))
     assert not later.running and later.case.touches is None
     again = schedule.plan(dataclasses.replace(copy_only, num_blocks=4))
-    assert again.reuse.verdicts == {"consumer:copy": None} and again.case.touches is None
-    tally = schedule.tally["consumer:copy"]
+    assert again.reuse == {"copy": None} and again.case.touches is None
+    tally = schedule.tally["copy"]
     assert (tally.offered, tally.keys_seen, tally.keys_checked, tally.reused, tally.deferred) == (5, 4, 3, 1, 1)
 
 
@@ -126,34 +126,34 @@ def outcome_of(result: CaseResult) -> tuple[str, str | None]:
 @pytest.mark.slow
 def test_reused_verdicts_are_the_verdicts_every_check_gives(kvfuzz_target) -> None:
     target = kvfuzz_target
-    if not hasattr(target, "deeper_checks"):
+    if not hasattr(target, "runs"):
         pytest.skip("the schedule runs in the worker process of an in-process target")
     cases = drawn(target, 400)
     every = [outcome_of(run_case(target, case, "cpu")) for case in cases]
-    schedule = Schedule(target.deeper_checks(), share=1.0, floor=1.0)
+    schedule = Schedule(target.checks(), share=1.0, floor=1.0)
     again = list(range(len(cases)))  # a second pass meets every key again, in another order
     random.Random(0).shuffle(again)
     order = list(range(len(cases))) + again
     reused = 0
     for index in order:
         plan = schedule.plan(cases[index])
-        reused += bool(plan.reuse.verdicts)
-        result = run_case(target, plan.case, "cpu", skip=plan.skip, reuse=plan.reuse)
+        reused += bool(plan.reuse)
+        result = run_case(target, plan.case, "cpu", checks=plan.running, reuse=plan.reuse)
         schedule.record(plan, result, 0.0)
         assert outcome_of(result) == every[index], cases[index]
     assert reused > len(cases) // 4
 
 
 def test_a_check_is_charged_its_own_seconds_and_an_unmeasured_one_the_rest() -> None:
-    schedule = Schedule((ConsumerCheck("copy"), ConsumerCheck("zeroer")), share=1.0, floor=1.0, clock=Clock())
+    schedule = Schedule((block_copy.CHECK, zeroer.CHECK), share=1.0, floor=1.0, clock=Clock())
     view_only = schedule.plan(a_case(touches=None, runner="v2"))
     schedule.record(view_only, None, seconds=2.0)  # the view path's running mean starts at 2 s
     plan = schedule.plan(with_touches(tokens=()))
-    assert set(plan.running) == {"consumer:copy", "consumer:zeroer"}
-    judged = CaseResult(plan.case, verdict=None, checks={"consumer:copy": None, "consumer:zeroer": None})  # type: ignore[arg-type]
-    schedule.record(plan, judged, seconds=12.0, spent={"consumer:copy": 0.5})
-    assert schedule.tally["consumer:copy"].seconds == pytest.approx(0.5)
-    assert schedule.tally["consumer:zeroer"].seconds == pytest.approx(12.0 - 2.0 - 0.5)
+    assert set(plan.running) == {"copy", "zeroer"}
+    judged = CaseResult(plan.case, verdict=None, checks={"copy": None, "zeroer": None})  # type: ignore[arg-type]
+    schedule.record(plan, judged, seconds=12.0, spent={"copy": 0.5})
+    assert schedule.tally["copy"].seconds == pytest.approx(0.5)
+    assert schedule.tally["zeroer"].seconds == pytest.approx(12.0 - 2.0 - 0.5)
 
 
 def test_a_check_timed_inside_another_is_charged_to_itself_only(monkeypatch) -> None:
@@ -172,7 +172,7 @@ def test_a_check_timed_inside_another_is_charged_to_itself_only(monkeypatch) -> 
 
 def test_every_check_judged_on_a_case_reports_its_time(kvfuzz_target) -> None:
     target = kvfuzz_target
-    if not hasattr(target, "deeper_checks"):
+    if not hasattr(target, "runs"):
         pytest.skip("checks time themselves in the process that runs them: an in-process target")
     judged_checks: set[str] = set()
     for case in drawn(target, 150):
@@ -184,7 +184,7 @@ def test_every_check_judged_on_a_case_reports_its_time(kvfuzz_target) -> None:
         assert set(result.checks) <= set(spent), case
         assert all(seconds >= 0 for seconds in spent.values()) and sum(spent.values()) <= wall
         judged_checks |= set(result.checks)
-    assert {"v1-runner", "planner-fit", "kernel-probe", "consumer:copy", "consumer:offload"} <= judged_checks
+    assert {"v1-runner", "planner-fit", "kernel-probe", "copy", "offload"} <= judged_checks
 
 
 def tallied(schedule: Schedule, name: str, seen: int, checked: int, seconds: float, findings: int = 0, new: int = 0) -> None:
@@ -194,34 +194,34 @@ def tallied(schedule: Schedule, name: str, seen: int, checked: int, seconds: flo
 
 def test_a_check_that_needs_little_leaves_the_rest_of_the_budget_to_the_others() -> None:
     clock = Clock()
-    schedule = Schedule((ConsumerCheck("copy"), ConsumerCheck("zeroer")), share=0.5, floor=0.1, clock=clock)
+    schedule = Schedule((block_copy.CHECK, zeroer.CHECK), share=0.5, floor=0.1, clock=clock)
     clock.now = 100.0
-    tallied(schedule, "consumer:zeroer", seen=50, checked=50, seconds=0.5)  # 10 ms a key, every key checked: needs 0.6 %
-    tallied(schedule, "consumer:copy", seen=1000, checked=20, seconds=20.0)  # 1 s a key, one key in fifty: needs 10 s a second
+    tallied(schedule, "zeroer", seen=50, checked=50, seconds=0.5)  # 10 ms a key, every key checked: needs 0.6 %
+    tallied(schedule, "copy", seen=1000, checked=20, seconds=20.0)  # 1 s a key, one key in fifty: needs 10 s a second
     allowed = schedule.allowances()
     need = 1.25 * 50 / 100 * 0.01
-    assert allowed["consumer:zeroer"] == pytest.approx(need)
-    assert allowed["consumer:copy"] == pytest.approx(0.5 - need)  # by yield alone it would get its floor, 0.05
+    assert allowed["zeroer"] == pytest.approx(need)
+    assert allowed["copy"] == pytest.approx(0.5 - need)  # by yield alone it would get its floor, 0.05
 
 
 def test_checks_that_all_want_more_split_the_budget_by_yield_above_their_floors() -> None:
     clock = Clock()
-    schedule = Schedule((ConsumerCheck("copy"), ConsumerCheck("zeroer"), kernel_check.CHECK), share=0.5, floor=0.1, clock=clock)
+    schedule = Schedule((block_copy.CHECK, zeroer.CHECK, kernel_check.CHECK), share=0.5, floor=0.1, clock=clock)
     clock.now = 100.0
-    tallied(schedule, "consumer:copy", seen=10_000, checked=300, seconds=3.0)  # 100 keys a second of its time
-    tallied(schedule, "consumer:zeroer", seen=10_000, checked=100, seconds=10.0)  # 10
+    tallied(schedule, "copy", seen=10_000, checked=300, seconds=3.0)  # 100 keys a second of its time
+    tallied(schedule, "zeroer", seen=10_000, checked=100, seconds=10.0)  # 10
     tallied(schedule, "kernel-probe", seen=10_000, checked=10, seconds=10.0, findings=5, new=1)  # (10 + 20 x 1 new) / 10 = 3
     allowed = schedule.allowances()
     assert sum(allowed.values()) == pytest.approx(0.5)
     rest = 0.5 - 3 * 0.05
-    assert allowed["consumer:copy"] == pytest.approx(0.05 + rest * 100 / 113)
-    assert allowed["consumer:zeroer"] == pytest.approx(0.05 + rest * 10 / 113)
+    assert allowed["copy"] == pytest.approx(0.05 + rest * 100 / 113)
+    assert allowed["zeroer"] == pytest.approx(0.05 + rest * 10 / 113)
     assert allowed["kernel-probe"] == pytest.approx(0.05 + rest * 3 / 113)
 
 
 def test_only_a_bug_new_to_the_worker_adds_to_a_checks_yield() -> None:
     clock = Clock()
-    schedule = Schedule((ConsumerCheck("copy"),), share=1.0, floor=1.0, clock=clock)
+    schedule = Schedule((block_copy.CHECK,), share=1.0, floor=1.0, clock=clock)
     copy_only = with_touches(consumers=("copy",), tokens=())
     known = Finding("consumer-mismatch", "full", "copy_kv_cache_blocks_inplace", "block 3 copied to 7", "l0", backend="A", layout="NHD")
     found = [known, dataclasses.replace(known, message="block 1 copied to 2"),  # the same bug: numbers are not its signature
@@ -231,6 +231,6 @@ def test_only_a_bug_new_to_the_worker_adds_to_a_checks_yield() -> None:
     for blocks, finding in enumerate(found):
         clock.now += 100.0  # time enough for every key
         plan = schedule.plan(dataclasses.replace(copy_only, num_blocks=4 + blocks))
-        schedule.record(plan, CaseResult(plan.case, verdict=None, checks={"consumer:copy": finding}), seconds=1.0)  # type: ignore[arg-type]
-    tally = schedule.tally["consumer:copy"]
+        schedule.record(plan, CaseResult(plan.case, verdict=None, checks={"copy": finding}), seconds=1.0)  # type: ignore[arg-type]
+    tally = schedule.tally["copy"]
     assert (tally.keys_checked, tally.findings, tally.new_findings) == (6, 5, 2)

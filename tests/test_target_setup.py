@@ -10,7 +10,7 @@ pytest.importorskip("vllm")
 
 SETUP = textwrap.dedent("""
     import gc
-    from fuzz.targets import load_local
+    from fuzz.targets.loader import load_local
 
     target = load_local()
     gc.collect()
@@ -36,7 +36,7 @@ def test_a_vllm_spec_property_that_raises_when_kvfuzz_reads_it_is_vllm_failing()
 
     import vllm
 
-    from fuzz.targets import load_local
+    from fuzz.targets.loader import load_local
     from fuzz.targets.base import Outcome
 
     target = load_local()

@@ -87,8 +87,8 @@ def test_zeroers_clear_the_kinds_they_state():
                      GroupCase(SpecCase(kind="sliding_window", block_size=16, sliding_window=8), ("w",), backend="A", kernel_block_size=16)),
              num_blocks=2, layout="LBNHC")
     expected = placed(c)
-    assert touch.zeroed_layers(c, expected, "zeroer") == ["f", "w"]
-    assert touch.zeroed_layers(c, expected, "cpu-zero") == ["f"]
+    assert touch.zeroed_layers(c, expected, full_attention_only=False) == ["f", "w"]
+    assert touch.zeroed_layers(c, expected, full_attention_only=True) == ["f"]
 
 
 def test_copy_map_pairs_each_destination_byte_with_the_same_byte_of_the_source():

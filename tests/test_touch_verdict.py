@@ -14,7 +14,10 @@ import oracles
 from fuzz.case import Case, GroupCase, SpecCase
 from fuzz.targets.base import BufferRecord, Outcome, ViewRecord, encode_bytes
 from fuzz.targets.byte_runs import pattern_bytes
+from fuzz.checks.protocol import Judging
+from fuzz.checks.registry import BY_NAME
 from fuzz.verdict import touch as verdict
+from fuzz.verdict.compare import Verdict
 from oracles.contract import LAYOUT_PLACED_KERNEL_MAP
 
 PAGE = 8192
@@ -30,8 +33,14 @@ def judge(case: Case, touches: dict) -> verdict.Finding | None:
     expected = oracles.expect(case, LAYOUT_PLACED_KERNEL_MAP)
     views = {name: tuple(ViewRecord(v.shape, tuple(s // v.element_size for s in v.byte_strides), v.byte_offset, v.dtype, v.element_size, 0)
                          for v in layer.views) for name, layer in expected.layers.items()}
-    outcome = Outcome(views=views, buffers=(BufferRecord(6 * PAGE, ("l0", "l1")),), touches=touches)
-    return verdict.check(case, expected, outcome)
+    outcome = Outcome(views=views, buffers=(BufferRecord(6 * PAGE, ("l0", "l1")),))
+    records = {**touches.get("consumers", {}), **({"kernel-probe": touches["kernel"]} if "kernel" in touches else {})}
+    judging = Judging(case, LAYOUT_PLACED_KERNEL_MAP, expected, outcome, Verdict("pass"))
+    for name, record in records.items():  # each check judges its own record, as fuzz/verdict/runner.py has them do
+        found = BY_NAME[name].judge(judging, record)
+        if found is not None:
+            return found
+    return None
 
 
 def block(layer: int, index: int) -> list[int]:
@@ -39,7 +48,7 @@ def block(layer: int, index: int) -> list[int]:
 
 
 def zero(*blocks: dict) -> dict:
-    return {"consumers": {"zeroer": {"kind": "zero", "where": WHERE, "blocks": list(blocks)}}}
+    return {"consumers": {"zeroer": {"kind": "zeroing", "where": WHERE, "blocks": list(blocks)}}}
 
 
 def test_a_zeroer_that_clears_exactly_the_block_passes():
@@ -74,7 +83,7 @@ def test_writing_garbage_instead_of_zeros_misses():
 
 
 def test_the_cpu_runner_zeroes_only_full_attention():
-    record = {"consumers": {"cpu-zero": {"kind": "zero", "where": WHERE, "blocks": [{"block": 0, "zeroed": [], "dirtied": []}]}}}
+    record = {"consumers": {"cpu-zero": {"kind": "zeroing", "where": WHERE, "blocks": [{"block": 0, "zeroed": [], "dirtied": []}]}}}
     assert judge(two_layers("sliding_window"), record) is None
     assert judge(two_layers("full"), record).kind == "zero-miss"  # type: ignore[union-attr]
 
@@ -84,7 +93,7 @@ def copy_record(src: int, dst: int, moved: list[tuple[int, int]]) -> dict:
     original = pattern_bytes(0, 6 * PAGE)
     changed = [[0, target, target + PAGE] for target, _ in moved]
     values = [original[source:source + PAGE].tobytes().hex() for _, source in moved]
-    return {"consumers": {"copy": {"kind": "copy", "where": WHERE, "copies": [{"src": src, "dst": dst, "changed": changed, "values": values}]}}}
+    return {"consumers": {"copy": {"kind": "copying", "where": WHERE, "copies": [{"src": src, "dst": dst, "changed": changed, "values": values}]}}}
 
 
 def test_a_correct_copy_passes():
@@ -121,7 +130,7 @@ def test_a_copy_reported_in_many_short_runs_is_judged_byte_for_byte():
 
 
 def region(intervals: list[list[int]], layers=("l0", "l1")) -> dict:
-    return {"consumers": {"offload": {"kind": "region", "where": WHERE, "layers": list(layers), "blocks": [{"block": 1, "region": intervals}]}}}
+    return {"consumers": {"offload": {"kind": "mapping", "where": WHERE, "layers": list(layers), "blocks": [{"block": 1, "region": intervals}]}}}
 
 
 def test_regions_must_be_exactly_the_block():
@@ -176,7 +185,7 @@ def test_a_raising_consumer_or_writer_is_a_crash(kind, expect):
     error = {"type": "RuntimeError", "message": "view size is not compatible", "function": "do_kv_cache_update", "file": "x.py",
              "line": 1, "block": 0, "position": 0}
     record = ({"kernel": {"l0": {"writer": "vllm.X.do_kv_cache_update", "error": error}}} if kind == "kernel"
-              else {"consumers": {"zeroer": {"kind": "zero", "where": WHERE, "error": error}}})
+              else {"consumers": {"zeroer": {"kind": "zeroing", "where": WHERE, "error": error}}})
     found = judge(two_layers(), record)
     assert found is not None and found.kind == expect and found.function == "do_kv_cache_update"
 
@@ -185,7 +194,7 @@ def test_a_zeroer_refusing_pages_off_its_word_granule_is_no_finding():
     # KVBlockZeroer clears 4-byte words and asserts that pages are whole words: an MLA cache of one bfloat16 per
     # token and 1-token blocks has 2-byte pages (padded or not), which it refuses by design; 4-byte pages it must serve.
     error = {"type": "AssertionError", "message": "", "function": "__init__", "file": "v1/worker/utils.py", "line": 196}
-    record = {"consumers": {"zeroer": {"kind": "zero", "where": WHERE, "error": error}}}
+    record = {"consumers": {"zeroer": {"kind": "zeroing", "where": WHERE, "error": error}}}
     for head_size, padded, expect in ((1, None, None), (1, 4096, None), (2, None, "crash-on-valid")):
         spec = SpecCase(kind="mla", block_size=1, num_kv_heads=1, head_size=head_size, page_size_padded=padded)
         case = Case(groups=(GroupCase(spec=spec, layers=("l0", "l1"), backend="TRITON_MLA", kernel_block_size=1),), num_blocks=3)

@@ -9,7 +9,10 @@ import dataclasses
 import pytest
 
 from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend, Touches
-from fuzz.space import CPU_CONSUMERS, CPU_RULE, NULL_BLOCK_RULE, Rejected, draw_indexed, on_cpu, unrealistic
+from fuzz.checks.when import CPU_RULE, on_cpu
+from fuzz.space import NULL_BLOCK_RULE, Rejected, draw_indexed, unrealistic
+
+CPU_CONSUMERS = ("cpu-zero", "cpu-zeroer")
 from oracles import LAYOUT_PLACED_KERNEL_MAP, buffer_bytes, expect
 
 

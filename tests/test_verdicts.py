@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend
-from fuzz.targets.common import vllm_failure
+from fuzz.tracebacks import vllm_failure
 from fuzz.verdict.runner import run_case
 
 
 @pytest.fixture(scope="module")
 def target():
     pytest.importorskip("vllm")
-    from fuzz.targets import load_local
+    from fuzz.targets.loader import load_local
 
     loaded = load_local()
     if not loaded.info.contract.layout_placed:

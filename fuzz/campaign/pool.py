@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -31,6 +32,8 @@ from typing import Any
 from fuzz import SOURCE_ROOT
 from fuzz.campaign import preload, protocol, standby, stop
 from fuzz.case import Case, to_dict
+from fuzz.checks.protocol import Check
+from fuzz.checks.registry import offered_checks
 from fuzz.errors import InternalError, TargetError
 from fuzz.targets.base import TARGET_CRASHED, TARGET_HUNG, TARGET_OUT_OF_MEMORY, Execution, Outcome, TargetInfo
 from fuzz.targets.releases import TargetSource, worker_environment
@@ -433,14 +436,21 @@ class Pool:
 class RemoteTarget:
     """A Target whose vLLM lives in a worker process: for replay, explain, bisect, minimize."""
 
+    max_buffer_bytes = 1 << 30  # the worker's own cap holds; a one-case target has no other
+
     def __init__(self, pool: Pool, worker: int = 0) -> None:
         assert pool.info is not None
         self.pool = pool
         self.info = pool.info
         self.worker = worker
 
-    def execute(self, case: Case, device: str, probe: bool | str = False) -> Execution:
+    def execute(self, case: Case, device: str, probe: bool | str = False, checks: Collection[str] | None = None) -> Execution:
+        """The case on the worker, with every deeper check it asks for (`checks` must be None: one case is judged whole)."""
+        assert checks is None, "a remote target runs every check a case asks for"
         return self.pool.execute(case, device, probe=probe, worker=self.worker)
+
+    def checks(self) -> tuple[Check, ...]:
+        return offered_checks(self.info)
 
 
 def _classify(status: int | None, killed_for: str | None, timeout: float) -> tuple[str, str]:

@@ -1,7 +1,7 @@
 """Which deeper checks run on a drawn case: a worker's schedule, not a fixed ratio.
 
 Every case runs the view path. Each deeper check a case asks for (fuzz/checks) is, by the key of the facts it reads:
-- reused when the worker judged that key before: its verdict stands in for the run (fuzz/verdict/runner.py Reuse);
+- reused when the worker judged that key before: its verdict stands in for the run (fuzz/verdict/runner.py `judge`);
 - run when the key is new and the check is within its share of the campaign's time;
 - deferred otherwise (left out of this case; its key is not remembered, so a later case with it still runs it).
 
@@ -25,10 +25,9 @@ from typing import Any
 
 from fuzz.campaign.distinct import DistinctCount
 from fuzz.case import Case
-from fuzz.checks import DeeperCheck
-from fuzz.checks.planner_fit import NAME as PLANNER_FIT
+from fuzz.checks.protocol import Check
 from fuzz.verdict.findings import Finding
-from fuzz.verdict.runner import CaseResult, Reuse
+from fuzz.verdict.runner import CaseResult
 
 # Where a campaign asks for a fixed ratio instead (--consumers-every, or the kernel probe on every case): the consumers run
 # on every K-th case, and the V1 runner and planner-fit on every case.
@@ -83,12 +82,11 @@ class Plan:
 
     case: Case
     running: dict[str, HashedKey] = field(default_factory=dict)
-    skip: frozenset[str] = frozenset()
-    reuse: Reuse = field(default_factory=Reuse)
+    reuse: dict[str, Finding | None] = field(default_factory=dict)
 
 
 class Schedule:
-    def __init__(self, checks: tuple[DeeperCheck, ...], share: float = SHARE, floor: float = FLOOR,
+    def __init__(self, checks: tuple[Check, ...], share: float = SHARE, floor: float = FLOOR,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.checks = checks
         self.share, self.floor, self.clock = share, floor, clock
@@ -105,7 +103,6 @@ class Schedule:
     def plan(self, case: Case) -> Plan:
         running: dict[str, HashedKey] = {}
         reused: dict[str, Finding | None] = {}
-        skip: set[str] = set()
         drawn = case
         for check in self.checks:
             if not check.applies(drawn):
@@ -122,9 +119,7 @@ class Schedule:
                 tally.deferred += 1
             self._met(check.name, key)
             case = check.without(case)
-            skip.add(check.name)
-        consumers = drawn.touches.consumers if drawn.touches is not None else ()
-        return Plan(case, running, frozenset(skip & {PLANNER_FIT}), Reuse(reused, consumers))
+        return Plan(case, running, reused)
 
     def record(self, plan: Plan, result: CaseResult | None, seconds: float, spent: Mapping[str, float] | None = None) -> None:
         """What the planned case took (in all, and `spent` by each check) and found; a key whose check was judged is

@@ -77,7 +77,7 @@ def load_and_serve(address: str, max_memory: int, standby_key: str, record: bool
     control = connect(address)
     before = dict(os.environ)
     try:
-        from fuzz.targets import load_local
+        from fuzz.targets.loader import load_local
 
         target = load_local()
     except BaseException as error:  # noqa: BLE001 - report any import failure as one line
@@ -251,7 +251,7 @@ class Worker:
         probe_every, probe_kind = task.get("probe_every", 0), task.get("probe_kind", "physical")
         consumers_every = task.get("consumers_every", 0)
         if self.schedule is None:
-            self.schedule = Schedule(getattr(self.target, "deeper_checks", tuple)())
+            self.schedule = Schedule(self.target.checks())
         reach = self._reach(task)
         for index in range(task["start"], task["start"] + task["count"]):
             self.slot.start(batch, index)
@@ -285,7 +285,7 @@ class Worker:
                     result = run_case(self.target, case, device, probe=probe)
                 else:
                     timing.take()  # whatever ran since the last case (a shrink, an execute) is not this case's
-                    result = run_case(self.target, case, device, probe=probe, skip=plan.skip, reuse=plan.reuse)
+                    result = run_case(self.target, case, device, probe=probe, checks=plan.running, reuse=plan.reuse)
                     self.schedule.record(plan, result, time.perf_counter() - ran_from, timing.take())
             except TargetError as error:  # kvfuzz's call does not fit this vLLM: the coordinator decides
                 tallies["verdicts"]["internal-error"] += 1

@@ -9,10 +9,13 @@ the case again, up to MAX_ATTEMPTS times.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from fuzz.case import Case, to_dict
+from fuzz.checks.protocol import Check
+from fuzz.checks.registry import offered_checks
 from fuzz.cluster.members import MAX_ATTEMPTS, RECHECK_S, Member
 from fuzz.errors import TargetError
 from fuzz.targets.base import Execution, TargetInfo
@@ -33,9 +36,15 @@ class RaySpareTarget:
 
     pool: SpareOwner = field(repr=False)
     info: TargetInfo
+    max_buffer_bytes: int = 1 << 30
 
-    def execute(self, case: Case, device: str, probe: bool | str = False) -> Execution:
-        """Run the case on the spare actor; the pool counts its restarts (the actor's and its local worker's)."""
+    def checks(self) -> tuple[Check, ...]:
+        return offered_checks(self.info)
+
+    def execute(self, case: Case, device: str, probe: bool | str = False, checks: Collection[str] | None = None) -> Execution:
+        """Run the case on the spare actor, every deeper check it asks for with it (`checks` must be None); the pool counts
+        its restarts (the actor's and its local worker's)."""
+        assert checks is None, "a remote target runs every check a case asks for"
         import ray
 
         pool = self.pool

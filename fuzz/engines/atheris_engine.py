@@ -58,7 +58,7 @@ from fuzz.verdict.findings import observed
 
 START_TIMEOUT = 300.0
 PROGRESS_INTERVAL = 10.0
-DEFAULT_TARGET = "fuzz.targets:load_local"
+DEFAULT_TARGET = "fuzz.targets.loader:load_local"
 
 
 # ---------------------------------------------------------------------------------- the run

@@ -8,6 +8,7 @@ from `fuzz.explain.bytemap`). `title_lines` heads both this table and the PNG of
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -29,12 +30,12 @@ def title_lines(result: CaseResult, vllm: str | None) -> list[str]:
     return [head, *textwrap.wrap(status, 150)[:3]]
 
 
-def text_diff(result: CaseResult, *, vllm: str | None = None) -> str:
+def text_diff(result: CaseResult, *, vllm: str | None = None, others: Sequence[tuple[str, CaseResult]] = ()) -> str:
     """Expected against actual, per layer and tensor: shape, byte strides, first byte, and which
     bytes differ (with the first differing byte's owner on each side)."""
     case, expectation, outcome = result.case, result.expectation, result.outcome
     lines = title_lines(result, vllm)
-    if result.v1 is not None:
+    if others:
         lines.append("V2 model runner:")
     if expectation is not None and not expectation.accepted:
         layer = f" (layer {expectation.reject_layer})" if expectation.reject_layer else ""
@@ -58,11 +59,10 @@ def text_diff(result: CaseResult, *, vllm: str | None = None) -> str:
         theirs = outcome.views.get(target) if outcome is not None else None
         same = mine is not None and theirs is not None and [_geometry(v) for v in mine] == [_geometry(v) for v in theirs]
         lines.append(f"{sharer:12} shares {target}'s cache: vLLM's views {'alias it' if same else 'do NOT alias it'}")
-    if result.v1 is not None:
-        # A case run by both model runners: the V1 runner's layout, against its own contract, below the V2 runner's.
-        contract = f", contract {result.v1.expectation.contract}" if result.v1.expectation is not None else ""
-        lines += ["", f"V1 model runner (GPUModelRunner.initialize_kv_cache_tensors{contract}):",
-                  *text_diff(result.v1, vllm=vllm).splitlines()[1:]]
+    for label, other in others:
+        # A case run by both model runners: the other runner's layout, against its own contract, below the V2 runner's.
+        contract = f", contract {other.expectation.contract}" if other.expectation is not None else ""
+        lines += ["", f"{label}{contract}:", *text_diff(other, vllm=vllm).splitlines()[1:]]
     return "\n".join(lines)
 
 

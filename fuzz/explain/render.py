@@ -7,7 +7,7 @@ from typing import Any
 
 from fuzz.case import Case
 from fuzz.targets.base import Target
-from fuzz.verdict.runner import CaseResult, run_case
+from fuzz.verdict.runner import CaseResult, other_runners, run_case
 
 
 def describe(result: CaseResult, target: Target) -> dict[str, Any]:
@@ -35,8 +35,8 @@ def describe(result: CaseResult, target: Target) -> dict[str, Any]:
         "error": None if not outcome or not outcome.raised else f"{outcome.error_type} in {outcome.error_function}: {outcome.error_message}",
         "layers": layers,
         "runner": outcome.runner if outcome else None,
-        "v1": None if result.v1 is None else describe(result.v1, target),
-        "touches": outcome.touches if outcome else None,
+        "other_runners": {label: describe(other, target) for label, other in other_runners(result, target.info.contract)},
+        "checks": outcome.checks if outcome else None,
     }
 
 
@@ -49,4 +49,5 @@ def render(result: CaseResult, target: Target) -> str:
     """The text form, one view: both sides per layer and tensor, each followed by the bytes that differ."""
     from fuzz.explain.picture_text import text_diff
 
-    return text_diff(result, vllm=f"{target.info.vllm_version}, contract {target.info.contract.name}")
+    return text_diff(result, vllm=f"{target.info.vllm_version}, contract {target.info.contract.name}",
+                     others=other_runners(result, target.info.contract))

@@ -3,13 +3,12 @@ layer's block d the bytes its block s held, and change nothing else (`copy-escap
 
 from __future__ import annotations
 
+from fuzz.checks.protocol import Check
 from fuzz.export import view_rules, walks
 from fuzz.export.code import Module, NoTemplate, docstring, indent
 from fuzz.export.expected import expected_literal
 from fuzz.export.finding import FindingFile, version_key
 from fuzz.export.reach import Reach
-
-KINDS = ("copy-escape", "copy-wrong")
 
 COPY_HELPERS = '''
     def buffer_bytes(view):
@@ -51,7 +50,7 @@ COPY_RULE = ("The rule (kvfuzz contract): block ids are the KV-cache manager's, 
              "runs EXPECTED lists) and leaves every byte outside the layers' blocks {dst} as it was.")
 
 
-def block_copy_test(finding: FindingFile, reach: Reach | None) -> Module:
+def block_copy_test(finding: FindingFile, reach: Reach | None, check: Check) -> Module:
     case = finding.case
     copies = case.touches.copies if case.touches else ()
     if not copies:

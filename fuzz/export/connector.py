@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
+from fuzz.checks.protocol import Check
 from fuzz.export import view_rules, walks
 from fuzz.export.code import BYTE_HELPERS, Module, NoTemplate, docstring
 from fuzz.export.expected import expected_literal
 from fuzz.export.finding import FindingFile
 from fuzz.export.reach import Reach
-
-KINDS = ("region-mismatch", "refused-valid", "crash-on-valid")
 
 RECORDING_SPEC = '''
     class RecordingOffloadingSpec:
@@ -104,9 +103,9 @@ SHAPED_CHECK = '''
 BACKENDS = "{name: group.backend for per_group in attn_groups for group in per_group for name in group.layer_names}"
 
 
-def connector_test(finding: FindingFile, reach: Reach | None) -> Module:
+def connector_test(finding: FindingFile, reach: Reach | None, check: Check) -> Module:
     case = finding.case
-    if "offload" not in (case.touches.consumers if case.touches else ()):
+    if check.name not in (case.touches.consumers if case.touches else ()):
         raise NoTemplate("the connector exporter covers the offloading connector only")
     groups = walks.checked_groups(finding)
     titles = {"region-mismatch": f"the offloading connector's region for a block is not that block's bytes ({case.layout})",

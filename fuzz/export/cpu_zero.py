@@ -4,13 +4,12 @@ byte outside block b (`zero-miss` / `zero-escape`)."""
 
 from __future__ import annotations
 
+from fuzz.checks.protocol import Check
 from fuzz.export import runner_steps, view_rules, zeroing
 from fuzz.export.code import BOUND_LAYER, CONFIG_FIXTURE, Module, NoTemplate, docstring, indent
 from fuzz.export.finding import FindingFile
 from fuzz.export.placed_views import PROBE
 from fuzz.export.reach import Reach
-
-KINDS = ("zero-miss", "zero-escape")
 
 RUNNER = '''
     def zero_block(kv_cache_config, kv_caches, attn_groups, kernel_block_sizes, block):
@@ -32,9 +31,9 @@ RUNNER = '''
             pytest.skip("this vLLM has no CPU block zeroer kvfuzz knows")
 '''
 
-def cpu_zero_test(finding: FindingFile, reach: Reach | None) -> Module:
+def cpu_zero_test(finding: FindingFile, reach: Reach | None, check: Check) -> Module:
     case = finding.case
-    if not case.touches or "cpu-zero" not in case.touches.consumers or not case.touches.blocks:
+    if not case.touches or check.name not in case.touches.consumers or not case.touches.blocks:
         raise NoTemplate("the zeroing exporter covers the CPU model runner's _zero_block_ids only")
     groups = runner_steps.check_groups(finding)
     block = case.touches.blocks[0]
@@ -48,7 +47,7 @@ def cpu_zero_test(finding: FindingFile, reach: Reach | None) -> Module:
     module.add(BOUND_LAYER)
     module.add(RUNNER)
     module.add(zeroing.CHECK)
-    module.add(zeroing.zeroing_literal(finding, block, ("cpu-zero", "cpu-zeroer")))
+    module.add(zeroing.zeroing_literal(finding, block, check.exported_with()))  # type: ignore[attr-defined]
     body = runner_steps.steps(finding, reach, module, kernel_map=True)
     module.names.update(("CPUModelRunner", "CPUKVBlockZeroer"))
     check = "\n".join([

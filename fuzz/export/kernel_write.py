@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import textwrap
 
+from fuzz.checks.protocol import Check
 from fuzz.export import runner_steps
 from fuzz.export.code import CONFIG_FIXTURE, Module, NoTemplate, docstring, indent
 from fuzz.export.finding import FindingFile
 from fuzz.export.reach import Reach
 
-KINDS = ("kernel-crash", "kernel-write")
 # MLA backends whose cache write runs on a CPU: (latent rank, rope dims) of the 576-wide cache they store.
 MLA_WRITERS = {"CPU_MLA": (512, 64)}
 
 
-def kernel_write_test(finding: FindingFile, reach: Reach | None) -> Module:
+def kernel_write_test(finding: FindingFile, reach: Reach | None, check: Check) -> Module:
     case = finding.case
     group = runner_steps.check_case(finding)
     if group.backend not in MLA_WRITERS or group.spec.kind != "mla" or group.spec.cache_dtype != "auto":

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fuzz.case import LAYOUT_EQUIVALENTS, Case
+from fuzz.checks.registry import BY_NAME
 from oracles.pages import page
 
 REACH_CLASSES = ("deployment", "flag", "latent")
@@ -31,12 +32,6 @@ MODEL_COMPRESS_RATIOS = frozenset({1, 2, 4, 128})
 DEFAULT_LAYOUT = "LBNHC"
 LEGACY_DEFAULT_LAYOUT = "NHD"
 
-# The layout a KV connector asks for (its get_required_kvcache_layout, 0.29+): vLLM takes it when the backends accept it.
-CONNECTOR_LAYOUTS = {"offload": "LBHNC"}
-# What a consumer of the case needs switched on: the vLLM option, in a user's words.
-CONSUMER_SETTINGS = {
-    "offload": "--kv-transfer-config '{\"kv_connector\": \"OffloadingConnector\", \"kv_role\": \"kv_both\"}'",
-}
 
 
 @dataclass(frozen=True)
@@ -81,7 +76,9 @@ def _unmatched_mamba_padding(case: Case) -> str | None:
 def reach_of(case: Case, meta: Mapping[str, object], backend_layouts: Mapping[str, tuple[str, ...] | None] | None) -> Reach:
     """The finding's reach. `backend_layouts`: each shipped backend's declared layouts as the release reports them
     (None where it declares none); None when no release was asked, in which case undeclared is assumed."""
-    settings = tuple(CONSUMER_SETTINGS[name] for name in (case.touches.consumers if case.touches else ()) if name in CONSUMER_SETTINGS)
+    # What the case's checks need switched on (a KV connector): the vLLM option, in a user's words.
+    named = [BY_NAME[name] for name in (case.touches.consumers if case.touches else ()) if name in BY_NAME]
+    settings = tuple(check.setting for check in named if check.setting is not None)
     specs = [spec for g in case.groups for spec in g.layer_specs]
     if any(spec.registered_cache_dtype for spec in specs):
         return Reach("latent", "no platform vLLM ships registers a cache dtype with this mode: only an out-of-tree platform's "
@@ -105,8 +102,8 @@ def reach_of(case: Case, meta: Mapping[str, object], backend_layouts: Mapping[st
     known = backend_layouts or {}
     declared = [known.get(g.backend) for g in case.groups if g.backend]
     default, accepted = resolved_layout(declared, legacy)
-    consumers = case.touches.consumers if case.touches else ()
-    wanted = [CONNECTOR_LAYOUTS[name] for name in consumers if name in CONNECTOR_LAYOUTS]
+    # The layout a KV connector asks for (its get_required_kvcache_layout, 0.29+): vLLM takes it when the backends accept it.
+    wanted = [check.required_layout for check in named if check.required_layout is not None]
     if wanted and not legacy and (accepted is None or wanted[0] in accepted):
         default = wanted[0]
     layout = case.layout if legacy else _placed(case.layout)

@@ -5,12 +5,11 @@ in the V1 runner's `initialize_kv_cache_tensors` views as in the V2 runner's `_r
 from __future__ import annotations
 
 from fuzz.case import GroupCase, parse_shape_entry
+from fuzz.checks.protocol import Check
 from fuzz.export import shaped_steps, view_rules
 from fuzz.export.code import Module, NoTemplate, docstring, indent
 from fuzz.export.finding import FindingFile
 from fuzz.export.reach import Reach
-
-KINDS = ("runner-mismatch",)
 
 LOGICAL = '''
     def element_starts(view):
@@ -66,7 +65,7 @@ def axes_of(group: GroupCase) -> tuple[str, ...]:
     return tuple(axes)
 
 
-def runner_compare_test(finding: FindingFile, reach: Reach | None) -> Module:
+def runner_compare_test(finding: FindingFile, reach: Reach | None, check: Check) -> Module:
     case = finding.case
     if case.runner != "both":
         raise NoTemplate("the runner comparison exporter needs a case both model runners run")

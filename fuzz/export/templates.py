@@ -4,26 +4,15 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
+import importlib
 import re
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fuzz.export import (
-    block_copy,
-    connector,
-    cpu_zero,
-    kernel_write,
-    layer_spec,
-    placed_views,
-    quant_mode,
-    runner_compare,
-    shaped_views,
-    spec_page,
-    triton_zero,
-    walks,
-    zeroer_init,
-)
+from fuzz.checks.registry import CHECKS
+from fuzz.export import layer_spec, placed_views, quant_mode, shaped_views, spec_page, walks
 from fuzz.export.code import HELD_BY_HELPER, REQUIRED_FIELDS_HELPER, Module, NoTemplate
 from fuzz.export.expected import INVALID_KINDS, VALID_KINDS
 from fuzz.export.finding import FindingFile
@@ -33,18 +22,11 @@ from fuzz.export.reach import Reach
 STDLIB = ("copy", "dataclasses", "importlib", "inspect", "os", "sys", "types")  # what a module may use, imported where it does
 Template = Callable[[FindingFile, "Reach | None"], Module]
 
-# (kinds, function) -> template; the first match wins.
+# (kinds, function) -> template, the view path's; then each deeper check's own (its `exports`). The first match wins.
 TEMPLATES: tuple[tuple[tuple[str, ...], str, Template], ...] = (
     (("spec-mismatch",), "get_kv_quant_mode", quant_mode.quant_mode_test),
     (("spec-mismatch",), "kv_cache_spec", spec_page.spec_page_test),
     (layer_spec.KINDS, "MLAAttention.get_kv_cache_spec", layer_spec.layer_spec_test),
-    (connector.KINDS, "register_kv_caches", connector.connector_test),
-    (kernel_write.KINDS, "do_kv_cache_update", kernel_write.kernel_write_test),
-    (block_copy.KINDS, "copy_kv_cache_blocks_inplace", block_copy.block_copy_test),
-    (cpu_zero.KINDS, "_zero_block_ids", cpu_zero.cpu_zero_test),
-    (zeroer_init.KINDS, "__init__", zeroer_init.zeroer_init_test),
-    (triton_zero.KINDS, "zero_block_ids", triton_zero.triton_zero_test),
-    (runner_compare.KINDS, "GPUModelRunner.initialize_kv_cache_tensors", runner_compare.runner_compare_test),
 )
 # The functions of the view path (and the planner ahead of it), where a finding's test checks the views or the refusal.
 VIEW_FUNCTIONS = ("reshape", "_reshape_kv_cache", "_reshape_attention_kv_cache", "_update_hybrid_attention_layout",
@@ -61,7 +43,7 @@ def view_test(finding: FindingFile, reach: Reach | None) -> Module:
 
 # Templates that write one model runner walk (fuzz/export/walks.py): a finding affecting releases on both sides of 0.29,
 # where the allocation changed, gets a module per walk, each skipping the other's releases.
-ONE_WALK: tuple[Template, ...] = (block_copy.block_copy_test, connector.connector_test)
+ONE_WALK = ("fuzz.export.block_copy:block_copy_test", "fuzz.export.connector:connector_test")
 
 
 @dataclass(frozen=True)
@@ -77,18 +59,29 @@ class Exported:
 
 
 def template_for(finding: FindingFile) -> Template:
+    return _template(finding)[0]
+
+
+def _template(finding: FindingFile) -> tuple[Template, str]:
+    """The template for the finding and where it lives ("module:function"; "" for the view path's)."""
     for kinds, function, template in TEMPLATES:
         if finding.kind in kinds and finding.function == function:
-            return template
+            return template, ""
+    for check in CHECKS:
+        for export in check.exports:
+            if finding.kind in export.kinds and finding.function == export.function:
+                module, name = export.template.split(":")
+                found = getattr(importlib.import_module(module), name)
+                return functools.partial(found, check=check), export.template
     if finding.kind in INVALID_KINDS + VALID_KINDS and finding.function in VIEW_FUNCTIONS:
-        return view_test
+        return view_test, ""
     raise NoTemplate(f"no exporter for {finding.kind} in {finding.function} yet")
 
 
 def export_all(finding: FindingFile, reach: Reach | None) -> list[Exported]:
     """The finding's standalone test modules, oldest walk first: one, or one per walk (ONE_WALK); NoTemplate (one line)
     where kvfuzz cannot write them yet."""
-    parts = walks.by_generation(finding) if template_for(finding) in ONE_WALK else [("", finding)]
+    parts = walks.by_generation(finding) if _template(finding)[1] in ONE_WALK else [("", finding)]
     return [dataclasses.replace(export(part, reach), finding=finding, part=name) for name, part in parts]
 
 

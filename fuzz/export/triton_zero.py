@@ -5,13 +5,13 @@ under Triton's interpreter (the module re-jits vLLM's kernel when TRITON_INTERPR
 
 from __future__ import annotations
 
+from fuzz.checks.protocol import Check
 from fuzz.export import shaped_steps, view_rules, zeroing
 from fuzz.export.code import BOUND_LAYER, Module, NoTemplate, docstring, indent
 from fuzz.export.finding import FindingFile
 from fuzz.export.reach import Reach
 from fuzz.export.zeroer_init import ZEROER
 
-KINDS = ("zero-miss", "zero-escape")
 KERNEL = "_zero_kv_blocks_kernel"
 
 RUNNABLE = '''
@@ -69,9 +69,9 @@ STORES_INSIDE = '''
 '''
 
 
-def triton_zero_test(finding: FindingFile, reach: Reach | None) -> Module:
+def triton_zero_test(finding: FindingFile, reach: Reach | None, check: Check) -> Module:
     case = finding.case
-    if not case.touches or "zeroer" not in case.touches.consumers or not case.touches.blocks:
+    if not case.touches or check.name not in case.touches.consumers or not case.touches.blocks:
         raise NoTemplate("the Triton zeroing exporter covers KVBlockZeroer.zero_block_ids only")
     if finding.layout_placed:
         raise NoTemplate("the Triton zeroing exporter writes vLLM 0.23 - 0.28's views only")
@@ -88,7 +88,7 @@ def triton_zero_test(finding: FindingFile, reach: Reach | None) -> Module:
     module.add(RUNNABLE)
     module.add(STORES_INSIDE)
     module.add(zeroing.CHECK)
-    module.add(zeroing.zeroing_literal(finding, block, ("zeroer",)))
+    module.add(zeroing.zeroing_literal(finding, block, check.exported_with()))  # type: ignore[attr-defined]
     cache_dtype = next((g.spec.cache_dtype for g in case.groups if g.spec.kind != "mamba"), "auto")
     check = "\n".join([
         'if not getattr(kv_cache_config, "needs_kv_cache_zeroing", True):',

@@ -4,12 +4,11 @@ runs: its tables are plain Python, so no Triton kernel is needed."""
 
 from __future__ import annotations
 
+from fuzz.checks.protocol import Check
 from fuzz.export import shaped_steps, view_rules
 from fuzz.export.code import BOUND_LAYER, Module, NoTemplate, docstring, indent
 from fuzz.export.finding import FindingFile
 from fuzz.export.reach import Reach
-
-KINDS = ("crash-on-valid", "refused-valid")
 
 ZEROER = '''
     def build_zeroer(kv_caches, attn_groups, kernel_block_sizes, cache_dtype):
@@ -32,9 +31,9 @@ RULE = ("The rule (kvfuzz contract): vLLM runs this model, and its runner builds
         "its kernel blocks, however the views lay them out) and build.")
 
 
-def zeroer_init_test(finding: FindingFile, reach: Reach | None) -> Module:
+def zeroer_init_test(finding: FindingFile, reach: Reach | None, check: Check) -> Module:
     case = finding.case
-    if not case.touches or "zeroer" not in case.touches.consumers:
+    if not case.touches or check.name not in case.touches.consumers:
         raise NoTemplate("the zeroer-constructor exporter covers KVBlockZeroer only")
     if finding.layout_placed:
         raise NoTemplate("the zeroer-constructor exporter writes vLLM 0.23 - 0.28's views only")

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from fuzz.export.code import NoTemplate, layer_names
 from fuzz.export.expected import contracts, expectation
 from fuzz.export.finding import FindingFile
@@ -69,10 +72,10 @@ def half_of(finding: FindingFile) -> tuple[str, str]:
     return HALVES[finding.kind]
 
 
-def zeroing_literal(finding: FindingFile, block: int, consumers: tuple[str, ...]) -> str:
+def zeroing_literal(finding: FindingFile, block: int, zeroers: Sequence[Any]) -> str:
     """`ZEROING = {...}`: per contract, per buffer the zeroer's layers lie in, the byte runs zeroing `block` must clear
-    (`zero-miss`) or those it may change (`zero-escape`). `consumers`: kvfuzz's names of the zeroers the module may run
-    (they must agree on the layers)."""
+    (`zero-miss`) or those it may change (`zero-escape`). `zeroers`: the zeroer checks whose code the module may run (they
+    must agree on the layers; fuzz/checks/zeroer.py)."""
     names = layer_names(finding.case)
     if finding.kind not in HALVES:
         raise NoTemplate(f"the zeroing exporter checks zero-miss and zero-escape, not {finding.kind}")
@@ -83,10 +86,10 @@ def zeroing_literal(finding: FindingFile, block: int, consumers: tuple[str, ...]
         expected = expectation(finding, contract)
         if not expected.accepted:
             raise NoTemplate(f"the oracle rejects the case under {contract} ({expected.reject_reason}): nothing to zero")
-        layers = touch.zeroed_layers(finding.case, expected, consumers[0])
-        if any(touch.zeroed_layers(finding.case, expected, other) != layers for other in consumers[1:]):
-            raise NoTemplate(f"the zeroers {', '.join(consumers)} clear different layers for this case")
-        if not all(touch.zeroer_serves(finding.case, expected, consumer) for consumer in consumers):
+        layers = touch.zeroed_layers(finding.case, expected, zeroers[0].full_attention_only)
+        if any(touch.zeroed_layers(finding.case, expected, other.full_attention_only) != layers for other in zeroers[1:]):
+            raise NoTemplate(f"the zeroers {', '.join(z.name for z in zeroers)} clear different layers for this case")
+        if not all(touch.zeroer_serves(finding.case, expected, z.full_attention_only, z.clears_words) for z in zeroers):
             raise NoTemplate(f"under {contract} the case's pages are off the zeroer's granule, which it refuses by design")
         runs = touch.owned(expected, layers, block) if half == "must_clear" else touch.tile(finding.case, expected, block)
         if not runs:

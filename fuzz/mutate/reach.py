@@ -60,7 +60,7 @@ def module_name(path: str) -> str:
 
 def main(config_path: str, out_path: str) -> None:
     from fuzz.space import Rejected, draw_indexed
-    from fuzz.targets import load_local
+    from fuzz.targets.loader import load_local
     from fuzz.verdict.runner import run_case
 
     config = json.loads(Path(config_path).read_text())

@@ -212,7 +212,7 @@ class Tracer:
 def main(config_path: str, out_path: str) -> None:
     import vllm
 
-    from fuzz.targets import load_local
+    from fuzz.targets.loader import load_local
 
     config = json.loads(Path(config_path).read_text())
     out = Path(out_path)

@@ -24,7 +24,7 @@ import torch
 from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend, evaluate_shape, parse_shape_entry, replace
 from fuzz.errors import Inexpressible, TargetError
 from fuzz.targets.base import BackendInfo
-from fuzz.targets.common import Adapter, unique_buffers
+from fuzz.targets.common import Adapter, Made, unique_buffers
 from fuzz.targets.entry_points import Probe
 from fuzz.targets.synthetic import published_state
 from oracles import pages
@@ -235,7 +235,7 @@ class BackendShapedTarget(Adapter):
     # ------------------------------------------------------------------ the call under test
 
     def make_views(self, case: Case, config: Any, attn_groups: list[list[Any]], kernel_block_sizes: list[int],
-                   device: torch.device) -> tuple[dict[str, Any], list[torch.Tensor]]:
+                   device: torch.device) -> Made:
         sharing = dict(case.kv_sharing)
         allocate = self.allocate.obj
         raw = allocate(config, sharing, device) if self.allocate_takes_sharing else allocate(config, device)
@@ -251,4 +251,4 @@ class BackendShapedTarget(Adapter):
             args = (kernel_block_sizes, sharing) if self.takes_kernel_sizes else ()
             views = reshape(config, raw, backends, cache_dtype, *args)
         buffers = unique_buffers(raw[n] for t in config.kv_cache_tensors for n in t.shared_by if n in raw)
-        return views, buffers
+        return Made(views, buffers)

@@ -9,13 +9,17 @@ from __future__ import annotations
 import base64
 import dataclasses
 import zlib
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from fuzz.case import Case, from_dict, replace, to_dict
 from oracles.contract import CONTRACTS, Contract
+
+if TYPE_CHECKING:
+    from fuzz.checks.protocol import Check
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,8 @@ class TargetInfo:
     layer_fields: tuple[str, ...] = ()  # spec fields beyond the basics that layers carry (head_size_v)
     # How the planner can pack layers into per-block slabs (case field packing), "none" first.
     packings: tuple[str, ...] = ("none",)
-    # Code that addresses KV blocks by bytes that kvfuzz can drive here (fuzz/targets/consumers.py).
+    # The deeper checks this target runs (fuzz/checks), by name; `consumers` are those a case names in touches.consumers.
+    checks: tuple[str, ...] = ()
     consumers: tuple[str, ...] = ()
     # The platforms whose answers change what vLLM's allocation does here (case field platform), "cuda" first.
     platforms: tuple[str, ...] = ("cuda",)
@@ -115,6 +120,7 @@ class TargetInfo:
             layer_backends=tuple(data.get("layer_backends", ())),
             layer_fields=tuple(data.get("layer_fields", ())),
             packings=tuple(data.get("packings", ("none",))),
+            checks=tuple(data.get("checks", ())),
             consumers=tuple(data.get("consumers", ())),
             platforms=tuple(data.get("platforms", ("cuda",))),
             attention_free=bool(data.get("attention_free", False)),
@@ -165,11 +171,8 @@ class Outcome:
     specs: dict[int, dict[str, Any]] = field(default_factory=dict)
     # The model runner whose code produced these views ("v2" or "v1").
     runner: str = "v2"
-    # What the consumers and the kernel probe touched (fuzz/targets/consumers.py, kernel_probe.py): plain JSON.
-    touches: dict[str, Any] | None = None
-    # Planners that size the cache from memory (<= 0.28): the same groups planned again without the block-count override
-    # (fuzz/targets/planner_fit.py): memory, bytes per block of the override's plan, and the blocks and tensor bytes given.
-    planner_fit: dict[str, Any] | None = None
+    # What each deeper check that ran on the case recorded (fuzz/checks), by check name: plain JSON.
+    checks: dict[str, Any] = field(default_factory=dict)
     # The blocks the planner's KVCacheConfig gives (the override's, or an attention-free model's own).
     planned_blocks: int | None = None
 
@@ -203,8 +206,7 @@ class Outcome:
             probe=data.get("probe"),
             specs={int(k): dict(v) for k, v in data.get("specs", {}).items()},
             runner=data.get("runner", "v2"),
-            touches=data.get("touches"),
-            planner_fit=data.get("planner_fit"),
+            checks=dict(data.get("checks", {})),
             planned_blocks=data.get("planned_blocks"),
         )
 
@@ -239,22 +241,18 @@ class Execution:
     case_error: str | None = None
     # A backend's declaration breaks the layout contract: (vLLM function, message, layer).
     declaration: tuple[str, str, str | None] | None = None
-    # A case run by both model runners: the V1 runner's outcome (`outcome` is then the V2 runner's).
-    v1: Outcome | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"case": to_dict(self.case), "outcome": None if self.outcome is None else self.outcome.to_dict(),
                 "skipped": self.skipped, "case_error": self.case_error,
-                "declaration": None if self.declaration is None else list(self.declaration),
-                "v1": None if self.v1 is None else self.v1.to_dict()}
+                "declaration": None if self.declaration is None else list(self.declaration)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Execution:
-        outcome, declaration, v1 = data.get("outcome"), data.get("declaration"), data.get("v1")
+        outcome, declaration = data.get("outcome"), data.get("declaration")
         return cls(case=from_dict(data["case"]), outcome=None if outcome is None else Outcome.from_dict(outcome),
                    skipped=data.get("skipped"), case_error=data.get("case_error"),
-                   declaration=None if declaration is None else (declaration[0], declaration[1], declaration[2]),
-                   v1=None if v1 is None else Outcome.from_dict(v1))
+                   declaration=None if declaration is None else (declaration[0], declaration[1], declaration[2]))
 
 
 # What a run writes on the device besides comparing metadata: nothing, every view's elements, or tokens
@@ -271,10 +269,18 @@ def probe_kind(probe: bool | str) -> str:
 
 
 class Target(Protocol):
-    info: TargetInfo
+    """What the worker, replay and the tools call on a target: an adapter in this process (fuzz/targets/common.py) or a
+    target process (fuzz/campaign/pool.py)."""
 
-    def execute(self, case: Case, device: str, probe: bool | str = False) -> Execution:
-        """Declare the case's backend fields, build the real objects, call vLLM, record the views
-        (with the physical probe, write through every view and read the raw bytes back; with the
-        kernel probe, write tokens through each backend's cache write), and run the case's consumers."""
+    info: TargetInfo
+    max_buffer_bytes: int  # cases whose buffers need more are skipped on real devices
+
+    def execute(self, case: Case, device: str, probe: bool | str = False, checks: Collection[str] | None = None) -> Execution:
+        """Declare the case's backend fields, build the real objects, call vLLM, record the views (with the physical
+        probe, write through every view and read the raw bytes back), and run the deeper checks the case asks for
+        (`checks`: only these by name, where a campaign's schedule leaves others out; None: every one it asks for)."""
+        ...
+
+    def checks(self) -> tuple[Check, ...]:
+        """The deeper checks this target offers (fuzz/checks), in the order a case meets them."""
         ...

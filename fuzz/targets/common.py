@@ -15,30 +15,27 @@ import dataclasses
 import functools
 import importlib
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import torch
 
 import oracles
 from fuzz.case import MLA_KINDS, Case, GroupCase, SpecCase, SyntheticBackend, layout_as, replace
-from fuzz.checks import DeeperCheck, checks_for
-from fuzz.checks.kernel_probe import NAME as KERNEL_PROBE
-from fuzz.checks.planner_fit import NAME as PLANNER_FIT
+from fuzz.checks.protocol import Check, Off, Record, Run, Unusable
+from fuzz.checks.registry import CHECKS
 from fuzz.checks.timing import timed
-from fuzz.checks.v1_runner import NAME as V1_RUNNER
-from fuzz.errors import BrokenDeclaration, CaseMismatch, Inexpressible, TargetError
+from fuzz.errors import BrokenDeclaration, CaseMismatch, Inexpressible
 from fuzz.space import accepts, choose_kernel_block_size, layer_reason, layout_reason, packing_reason, record_reason
-from fuzz.targets import capability, consumers, kernel_probe, planner_fit
+from fuzz.targets import capability, kernel_probe
 from fuzz.targets.base import BackendInfo, BufferRecord, Execution, Outcome, TargetInfo, ViewRecord, probe_kind
-from fuzz.targets.calls import call_mismatch
 from fuzz.targets.entry_points import Probe
 from fuzz.targets.probe import physical_probe, storage_key
 from fuzz.targets.runner_v1 import V1Runner
 from fuzz.targets.spec_builder import LayerSpecs, stored_mla_dtype
 from fuzz.targets.unfilled import unfilled_buffers
 from fuzz.targets.walk import Walk
-from fuzz.tracebacks import innermost_is_kvfuzz, out_of_memory, vllm_path
+from fuzz.tracebacks import capture, vllm_failure
 from oracles import pages
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -164,57 +161,13 @@ def kernel_size_label(size: Any) -> int | str:
     return f"x{base}" if base is not None else int(size)
 
 
-def capture(call: Callable[[], Outcome]) -> Outcome:
-    """Run `call`; an exception raised in vLLM's code becomes an Outcome naming the innermost vLLM function.
+class Made(typing.NamedTuple):
+    """What the call under test made: the views each layer binds, the raw buffers (in config order), and where the runner
+    keeps other views than the layers bind (kernel-block views from 0.32), those it keeps and connectors get."""
 
-    SystemExit and KeyboardInterrupt raised by the target are data too: workers ignore SIGINT,
-    so neither can come from the user. An exception no vLLM frame took part in is kvfuzz's own
-    and propagates (an internal error), as does a case whose derived fields vLLM derives differently.
-    """
-    try:
-        return call()
-    except (CaseMismatch, Inexpressible):
-        raise
-    except (Exception, SystemExit, KeyboardInterrupt) as error:
-        mismatch = call_mismatch(error)
-        if mismatch is not None:  # kvfuzz called vLLM wrongly: not an outcome of vLLM's
-            raise TargetError(mismatch) from None
-        outcome = vllm_failure(error)
-        if outcome is None:
-            raise
-        return outcome
-
-
-def vllm_failure(error: BaseException) -> Outcome | None:
-    """The Outcome of an exception raised in (or through) vLLM's code, naming the innermost vLLM frame;
-    None when vLLM took no part in it, or when memory ran out in kvfuzz's own code (fuzz/tracebacks.py)."""
-    innermost = None
-    tb = error.__traceback__
-    while tb is not None:  # the frames as traceback.extract_tb lists them, without reading their source lines
-        code = tb.tb_frame.f_code
-        path = vllm_path(code.co_filename)
-        if path is not None:
-            innermost = (code.co_name, path, tb.tb_lineno)
-        tb = tb.tb_next
-    if innermost is None or (out_of_memory(error) and innermost_is_kvfuzz(error)):  # kvfuzz's own code ran out, even if vLLM called it
-        return None
-    function, path, line = innermost
-    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return Outcome(error_type=type(error).__name__, error_message=message[:500], error_function=function,
-                   error_layer=_layer_in_flight(error), error_file=path, error_line=line)
-
-
-def _layer_in_flight(error: BaseException) -> str | None:
-    """The innermost `layer_name` a vLLM frame was handling when it raised."""
-    layer = None
-    tb = error.__traceback__
-    while tb is not None:
-        if "/vllm/" in tb.tb_frame.f_code.co_filename.replace("\\", "/"):
-            candidate = tb.tb_frame.f_locals.get("layer_name")
-            if isinstance(candidate, str):
-                layer = candidate
-        tb = tb.tb_next
-    return layer
+    views: dict[str, Any]
+    raw: list[torch.Tensor]
+    manager_views: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass
@@ -226,12 +179,8 @@ class Prepared:
     attn_groups: list[list[Any]]
     kernel_block_sizes: list[int]
     used: dict[int, int]  # kernel block size per group, as vLLM derives it for the views it binds
-    views: Callable[[], tuple[dict[str, Any], list[torch.Tensor]]]  # the V2 runner's call under test
-    planner_fit: dict[str, Any] | None = None  # the groups planned from memory, no override (fuzz/targets/planner_fit.py)
-
-    def __call__(self) -> tuple[dict[str, Any], list[torch.Tensor], dict[int, int]]:
-        made, raw = self.views()
-        return made, raw, self.used
+    views: Callable[[], Made]  # the V2 runner's call under test
+    replan: Callable[[int], Any]  # the groups planned again from a memory, the block-count override unset
 
 
 class Adapter:
@@ -262,8 +211,6 @@ class Adapter:
         self._config_context.__enter__()
         found_v1 = probe.find("V1 runner")
         self.v1 = None if found_v1 is None else V1Runner(found_v1)
-        if self.v1 is None:
-            self.off["v1 runner"] = probe.missing("V1 runner") + "; cases for the V1 model runner are not drawn"
         self.uniform_specs = _obj(probe.find("UniformTypeKVCacheSpecs"))
         self.transfer_config = _obj(probe.find("KVTransferConfig"))
         self.layer_specs: LayerSpecs | None = None
@@ -289,13 +236,13 @@ class Adapter:
         self._spec_fields: dict[type, frozenset[str]] = {}
         self._registered: set[str] = set()
         self.max_buffer_bytes = 1 << 30  # cases needing more are skipped on real devices
-        self.skip: frozenset[str] = frozenset()  # deeper checks the case in flight leaves out (execute)
-        self.consumers, unusable = consumers.discover(probe)
-        self.off.update({f"consumer {name}": why for name, why in unusable.items()})
-        self.mla_layer = consumers.mla_layer_class(probe)
-        # The last walk's objects (prepare), for the consumers and the kernel probe that run on them.
-        self.walked: tuple[Any, list[list[Any]], list[int]] | None = None
-        self.manager_views: dict[str, Any] | None = None  # set where the runner keeps other views than layers bind
+        self.runs: dict[str, Run] = {}  # the deeper checks this vLLM offers, by name: how each runs (fuzz/checks)
+        for check in CHECKS:
+            offered = check.offer(probe)
+            if isinstance(offered, Off):
+                self.off[check.name] = offered.reason
+            elif offered is not None:
+                self.runs[check.name] = offered
 
     def _make_config(self, config_cls: type, **fields: Any) -> Any:
         """A VllmConfig (default, or with `fields`). Where the platform refuses to configure this machine (0.34's x86 CPU
@@ -334,8 +281,8 @@ class Adapter:
         return group
 
     def make_views(self, case: Case, config: Any, attn_groups: list[list[Any]], kernel_block_sizes: list[int],
-                   device: torch.device) -> tuple[dict[str, Any], list[torch.Tensor]]:
-        """Raw buffers -> per-layer views: (views by layer, raw buffers in config order)."""
+                   device: torch.device) -> Made:
+        """Raw buffers -> per-layer views."""
         raise NotImplementedError
 
     def skip_reason(self, case: Case) -> str | None:
@@ -412,7 +359,8 @@ class Adapter:
             layer_backends=self.layer_specs.backends if self.layer_specs else (),
             layer_fields=self.layer_specs.fields if self.layer_specs else (),
             packings=packings,
-            consumers=tuple(self.consumers),
+            checks=tuple(check.name for check in self.checks()),
+            consumers=tuple(check.name for check in self.checks() if check.drawn),
             platforms=platforms,
             attention_free=attention_free,
         )
@@ -692,15 +640,12 @@ class Adapter:
         """Declaring is idempotent, so cases that already carry their backends' fields may be re-run."""
         return replace(case, groups=tuple(self.declare_group(g, case.layout) for g in case.groups))
 
-    def deeper_checks(self) -> tuple[DeeperCheck, ...]:
-        """The checks beyond the views this target can run (fuzz/checks), for a campaign's schedule."""
-        assert self.planner is not None
-        return checks_for(tuple(self.consumers), runs_v1=self.v1 is not None, fits_planner=not self.planner.takes("num_blocks"))
+    def checks(self) -> tuple[Check, ...]:
+        """The deeper checks this target offers (fuzz/checks), in the order a case meets them."""
+        return tuple(check for check in CHECKS if check.name in self.runs)
 
-    def execute(self, case: Case, device: str, probe: bool | str = False, skip: frozenset[str] = frozenset()) -> Execution:
-        """The case through vLLM; `skip` names deeper checks a campaign leaves out of this run (fuzz/checks: only
-        planner-fit is the target's to leave out, the others are left out of the case itself)."""
-        self.skip = skip
+    def execute(self, case: Case, device: str, probe: bool | str = False, checks: Collection[str] | None = None) -> Execution:
+        """The case through vLLM and the deeper checks it asks for (`checks`: only these, by name; None: all it asks for)."""
         translated = self.translate(case)
         if isinstance(translated, str):
             return Execution(case, skipped=translated)
@@ -722,79 +667,106 @@ class Adapter:
         if device != "meta" and self.max_buffer_bytes and oracles.buffer_bytes(declared, self.info.contract) > self.max_buffer_bytes:  # type: ignore[attr-defined]
             # Alignment rules can blow a few-block case up to GiBs; describe those at production scale instead.
             return Execution(declared, skipped=f"its buffers need more than {self.max_buffer_bytes} bytes")
-        outcomes: list[Outcome] = []
-        for runner in ("v2", "v1") if declared.runner == "both" else (declared.runner,):
-            specs: list[tuple[Any, str | None]] = []  # vLLM's specs (and the layer that built each), before anything else can fail
-            try:
-                # The V1 runner beside the V2 one is a deeper check (fuzz/checks/v1_runner.py); alone, it is the view path.
-                with timed(V1_RUNNER) if runner == "v1" and declared.runner == "both" else contextlib.nullcontext():
-                    outcome = capture(lambda: self._run(declared, torch.device(device), probe, specs, runner))
-                if runner == "v1":
-                    assert self.v1 is not None
-                    outcome = self.v1.restore(outcome)
-            except CaseMismatch as error:
-                return Execution(declared, case_error=str(error))
-            except Inexpressible as error:
-                return Execution(declared, skipped=str(error))
-            if specs:
-                outcome = self._with_spec_facts(outcome, specs)
-            outcomes.append(replace(outcome, runner=runner))
-        return Execution(declared, outcome=outcomes[0], v1=outcomes[1] if len(outcomes) > 1 else None)
+        wanted = [check for check in self.checks() if (checks is None or check.name in checks)
+                  and (check.applies(declared) or (check.probe is not None and check.probe == probe_kind(probe)))]
+        runner = "v1" if declared.runner == "v1" else "v2"
+        try:
+            outcome = self.runner_outcome(declared, torch.device(device), probe, runner, [c for c in wanted if c.needs_views])
+        except CaseMismatch as error:
+            return Execution(declared, case_error=str(error))
+        except Inexpressible as error:
+            return Execution(declared, skipped=str(error))
+        alone = [check for check in wanted if not check.needs_views]
+        if alone and device != "meta":
+            walk = Walk.of_case(declared, self.config, lambda other: self.runner_outcome(declared, torch.device(device), probe, other, []))
+            outcome = replace(outcome, checks={**outcome.checks, **self.run_checks(alone, walk)})
+        return Execution(declared, outcome=outcome)
 
-    def _run(self, case: Case, device: torch.device, probe: bool | str, specs: list[tuple[Any, str | None]], runner: str = "v2") -> Outcome:
+    def runner_outcome(self, case: Case, device: torch.device, probe: bool | str, runner: str, checks: list[Check]) -> Outcome:
+        """One model runner's walk of the declared case: its views (an error in vLLM's code included), what vLLM's specs say
+        of their pages, and the records of the checks that run on its views."""
+        specs: list[tuple[Any, str | None]] = []  # vLLM's specs (and the layer that built each), before anything else can fail
+        outcome = capture(lambda: self._run(case, device, probe, specs, runner, checks))
+        if runner == "v1":
+            assert self.v1 is not None
+            outcome = self.v1.restore(outcome)
+        if specs:
+            outcome = self._with_spec_facts(outcome, specs)
+        return replace(outcome, runner=runner)
+
+    def _run(self, case: Case, device: torch.device, probe: bool | str, specs: list[tuple[Any, str | None]], runner: str,
+             checks: list[Check]) -> Outcome:
         with self.platform_answers(case):
-            return self._run_walk(case, device, probe, specs, runner)
+            return self._run_walk(case, device, probe, specs, runner, checks)
 
     @contextlib.contextmanager
     def platform_answers(self, case: Case) -> Iterator[None]:
         """vLLM's code answering platform questions as on the case's platform (only "cuda" where the target offers no other)."""
         yield
 
-    def _run_walk(self, case: Case, device: torch.device, probe: bool | str, specs: list[tuple[Any, str | None]], runner: str) -> Outcome:
+    def _run_walk(self, case: Case, device: torch.device, probe: bool | str, specs: list[tuple[Any, str | None]], runner: str,
+                  checks: list[Check]) -> Outcome:
         prepared = self.prepare(case, device, specs)
-        self.walked, self.manager_views = (prepared.config, prepared.attn_groups, prepared.kernel_block_sizes), None
         kind = probe_kind(probe)
-        # A case that names tokens is a kernel-probe case wherever it runs (replay, shrinking, bisect). The consumers
-        # and the kernel probe run on the V2 walk's views (from 0.29 the V1 runner's are the same; walk_runners).
-        kernel = kind == "kernel" or (case.touches is not None and bool(case.touches.tokens))
-        touching = runner == "v2" and ((case.touches is not None and bool(case.touches.consumers)) or kernel)
+        # The checks run on the V2 runner's walk (from 0.29 the V1 runner's views are the same: walk_runners).
+        checks = checks if runner == "v2" else []
         # vLLM zero-fills its buffers; only a run that reads a byte it did not write first needs the zeros.
-        reads_bytes = kind == "physical" or (touching and case.touches is not None
-                                             and not consumers.fill_first(self.consumers, case.touches.consumers))
+        reads_bytes = kind == "physical" or any(check.reads_buffers for check in checks)
         with contextlib.nullcontext() if reads_bytes else unfilled_buffers():
             if runner == "v1":
                 assert self.v1 is not None
-                views, raw = self.v1.views(case, prepared.config, prepared.attn_groups, prepared.kernel_block_sizes,
-                                           self.config.cache_config, self.config, device)
+                made = Made(*self.v1.views(case, prepared.config, prepared.attn_groups, prepared.kernel_block_sizes,
+                                           self.config.cache_config, self.config, device))
             else:
-                views, raw = prepared.views()
-        outcome = replace(self.record(views, raw, dict(case.kv_sharing), prepared.used), planner_fit=prepared.planner_fit,
+                made = prepared.views()
+        outcome = replace(self.record(made.views, made.raw, dict(case.kv_sharing), prepared.used),
                           planned_blocks=int(prepared.config.num_blocks))
         if device.type == "meta":
             return outcome
         if kind == "physical":
-            outcome = replace(outcome, probe=physical_probe(views, raw))
-        if touching:
-            outcome = replace(outcome, touches=self.touch(case, views, raw, outcome, kernel))
+            outcome = replace(outcome, probe=physical_probe(made.views, made.raw))
+        if checks:
+            if not _inside_buffers(outcome):
+                return replace(outcome, checks={c.name: {"skipped": "a view addresses bytes outside its raw buffer"} for c in checks})
+            walk = Walk(case=case, config=prepared.config, attn_groups=prepared.attn_groups, kernel_block_sizes=prepared.kernel_block_sizes,
+                        manager_views=made.manager_views if made.manager_views is not None else made.views, bound_views=made.views,
+                        raw=made.raw, runners=self.walk_runners(), vllm_config=self.config, replan=prepared.replan)
+            outcome = replace(outcome, checks=self.run_checks(checks, walk))
         return outcome
 
-    def touch(self, case: Case, views: dict[str, Any], raw: list[torch.Tensor], outcome: Outcome, kernel: bool) -> dict[str, Any]:
-        """The case's consumers and (with `kernel`) the kernel probe, on this walk; never on views outside their buffers."""
-        if not _inside_buffers(outcome):
-            return {"skipped": "a view addresses bytes outside its raw buffer"}
-        assert self.walked is not None
-        config, attn_groups, kernel_block_sizes = self.walked
-        walk = Walk(case=case, config=config, attn_groups=attn_groups, kernel_block_sizes=kernel_block_sizes,
-                    manager_views=self.manager_views if self.manager_views is not None else views, bound_views=views, raw=raw,
-                    runners=self.walk_runners(), vllm_config=self.config)
-        touched: dict[str, Any] = {}
-        with self.probe.get("set_current_vllm_config")(self.config):  # as the runner's own code runs: under the model's config
-            if case.touches is not None and case.touches.consumers:
-                touched["consumers"] = consumers.run(self.consumers, walk, case.touches)
-            if kernel:
-                with timed(KERNEL_PROBE):
-                    touched["kernel"] = kernel_probe.run(walk, case.touches, self.mla_layer)
-        return touched
+    def run_checks(self, checks: list[Check], walk: Walk) -> dict[str, Record]:
+        """Each check's record on the walk, run as the runner's own code runs (under the model's config) and timed as its own.
+        An exception raised in vLLM's code is the check's record to judge; kvfuzz's own propagate."""
+        records: dict[str, Record] = {}
+        with self.probe.get("set_current_vllm_config")(self.config):
+            for check in checks:
+                with timed(check.name):
+                    try:
+                        records[check.name] = self.runs[check.name](walk)
+                    except Unusable as why:
+                        records[check.name] = {"skipped": str(why)}
+                    except Exception as error:  # noqa: BLE001 - judged by the check; kvfuzz's own errors propagate
+                        failure = vllm_failure(error)
+                        if failure is None:
+                            raise
+                        records[check.name] = {"error": {"type": failure.error_type, "message": failure.error_message,
+                                                         "function": failure.error_function, "file": failure.error_file,
+                                                         "line": failure.error_line}}
+        return records
+
+    def walk(self, case: Case, device: str = "cpu") -> Walk:
+        """The V2 runner's walk of a case, views built, for a check run by hand (tests, exports); raises Inexpressible
+        where the target cannot run the case."""
+        translated = self.translate(case)
+        if isinstance(translated, str) or (reason := self.unsupported(translated)) is not None:
+            raise Inexpressible(translated if isinstance(translated, str) else reason)
+        declared = self.declare(translated)
+        with self.platform_answers(declared):
+            prepared = self.prepare(declared, torch.device(device))
+            made = prepared.views()
+        return Walk(case=declared, config=prepared.config, attn_groups=prepared.attn_groups, kernel_block_sizes=prepared.kernel_block_sizes,
+                    manager_views=made.manager_views if made.manager_views is not None else made.views, bound_views=made.views,
+                    raw=made.raw, runners=self.walk_runners(), vllm_config=self.config, replan=prepared.replan)
 
     def walk_runners(self) -> tuple[str, ...]:
         """The model runners whose own initialisation builds this adapter's views (fuzz/targets/consumers.py)."""
@@ -840,12 +812,12 @@ class Adapter:
         if built is not None:
             built.extend(made)
         specs = [spec for spec, _ in made]
-        groups = [self.group_spec(list(g.layers), self.group_level_spec(case, g, spec)) for g, spec in zip(case.groups, specs, strict=True)]
+        group_specs = [self.group_level_spec(case, g, spec) for g, spec in zip(case.groups, specs, strict=True)]
+        groups = self.group_specs(case, group_specs)
         self.config.cache_config.num_gpu_blocks_override = case.num_blocks
         self.configure_layout(case.layout)
         with self.packing(case):
             config = self.plan(groups, case.num_blocks)
-            fitted = self.fit_memory(groups, config, case.num_blocks)
         if case.kv_sharing:
             self.sharing(dict(case.kv_sharing), config.kv_cache_groups)  # type: ignore[misc]
         attn_groups = [self.attention_groups(case, index, group, spec, config)
@@ -864,7 +836,8 @@ class Adapter:
                 raise CaseMismatch(f"kernel_block_size: the case says {stated}, vLLM derives none ({error})".splitlines()[0]) from None
             check_derived_kernel_sizes(case, used, lambda index: declared_kernel_sizes(attn_groups, index))
         return Prepared(config, attn_groups, kernel_block_sizes, used,
-                        lambda: self.make_views(case, config, attn_groups, kernel_block_sizes, device), fitted)
+                        lambda: self.make_views(case, config, attn_groups, kernel_block_sizes, device),
+                        lambda memory: self.replan(case, self.group_specs(case, group_specs), memory))
 
     def group_level_spec(self, case: Case, group: GroupCase, spec: Any) -> Any:
         """The spec a KV-cache group carries: the layer spec, or (case packing "uniform_type", DeepSeek V4) the layers'
@@ -904,16 +877,18 @@ class Adapter:
         budget = num_blocks if self.planner.takes("num_blocks") else AVAILABLE_MEMORY
         return self.planner.obj(self.config, groups, budget)
 
-    def fit_memory(self, groups: list[Any], config: Any, num_blocks: int) -> dict[str, Any] | None:
-        """A planner that sizes the cache from memory, asked again without the override (fuzz/targets/planner_fit.py)."""
-        assert self.planner is not None
-        if self.planner.takes("num_blocks") or PLANNER_FIT in self.skip:
-            return None
+    def group_specs(self, case: Case, specs: list[Any]) -> list[Any]:
+        """vLLM's KVCacheGroupSpecs of the case's groups: new ones each time (the shared-layer wiring adds to a planned
+        config's groups in place)."""
+        return [self.group_spec(list(g.layers), spec) for g, spec in zip(case.groups, specs, strict=True)]
+
+    def replan(self, case: Case, groups: list[Any], memory: int) -> Any:
+        """The groups planned again from `memory` bytes with the block-count override unset (planners that take memory)."""
         cache_config = self.config.cache_config
         override, cache_config.num_gpu_blocks_override = cache_config.num_gpu_blocks_override, None
         try:
-            with timed(PLANNER_FIT):
-                return planner_fit.fit(lambda memory: self.planner.obj(self.config, groups, memory), config, num_blocks, vllm_failure)
+            with self.packing(case):
+                return self.planner.obj(self.config, groups, memory)  # type: ignore[union-attr]
         finally:
             cache_config.num_gpu_blocks_override = override
 

@@ -29,10 +29,12 @@ import numpy as np
 import torch
 
 from fuzz.case import GroupCase, Touches, replace
+from fuzz.checks.protocol import Unusable
 from fuzz.targets import byte_runs, readback, triton_interp
 from fuzz.targets.base import encode_bytes
-from fuzz.targets.consumers import Unusable, forward_context, layer_backends
+from fuzz.targets.consumers import forward_context, layer_backends
 from fuzz.targets.walk import Walk
+from fuzz.tracebacks import vllm_failure
 
 KERNEL_CANARY = 0xA5  # as a 16- or 32-bit word a negative number, so never an id (ids are positive)
 # Bit patterns of positive normal numbers, one per element: float16 from 0x0400, bfloat16 and float32 from their
@@ -197,8 +199,6 @@ def _layer_attributes(layer: Any, backend: type, group: GroupCase, walk: Walk, k
 
 
 def _probe_layer(walk: Walk, group: GroupCase, index: int, layer: Any, writer: Writer, chosen: list[tuple[int, int]]) -> dict[str, Any]:
-    from fuzz.targets.common import vllm_failure
-
     spec = group.spec
     cache = layer.kv_cache
     dtype = cache.dtype

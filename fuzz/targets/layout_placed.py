@@ -19,9 +19,9 @@ import torch
 
 from fuzz.case import Case, GroupCase, SyntheticBackend, replace
 from fuzz.errors import BrokenDeclaration, Inexpressible
-from fuzz.targets import consumers
 from fuzz.targets.base import BackendInfo
-from fuzz.targets.common import Adapter
+from fuzz.targets.common import Adapter, Made
+from fuzz.targets.consumers import walk_runners as runners_building
 from fuzz.targets.entry_points import Probe
 from fuzz.targets.synthetic import published_state
 from oracles import declarations, dtypes, pages
@@ -173,25 +173,26 @@ class LayoutPlacedTarget(Adapter):
         return super().attention_groups(case, index, group, spec, config)
 
     def make_views(self, case: Case, config: Any, attn_groups: list[list[Any]], kernel_block_sizes: list[int],
-                   device: torch.device) -> tuple[dict[str, Any], list[torch.Tensor]]:
+                   device: torch.device) -> Made:
         kv_caches = self.allocate(config, device, self.layouts[case.layout], kernel_block_sizes)
         for sharer, target in case.kv_sharing:
             kv_caches[sharer] = kv_caches[target]
+        kept = None
         if self.kernel_map is not None:
-            self.manager_views = dict(kv_caches)  # the runner keeps these; layers bind the kernel-block views
+            kept = dict(kv_caches)  # the runner keeps these; layers bind the kernel-block views
             kv_caches = self.kernel_map(kv_caches, [g for per_group in attn_groups for g in per_group])
         if not kv_caches:
-            return kv_caches, []  # an attention-free model: no KV cache at all
+            return Made(kv_caches, [], kept)  # an attention-free model: no KV cache at all
         # One backing allocation: every view's storage is it.
         first = next(iter(kv_caches.values()))
         backing = torch.empty(0, dtype=torch.int8, device=first.device).set_(first.untyped_storage())
-        return kv_caches, [backing]
+        return Made(kv_caches, [backing], kept)
 
     def walk_runners(self) -> tuple[str, ...]:
         """From 0.29 the V1 runner (and 0.34's CPU runner) allocate through the same functions as the V2 runner."""
         if self._runners is None:
             functions = (self.allocate.__name__,) + (() if self.kernel_map is None else (self.kernel_map.__name__,))
-            self._runners = consumers.walk_runners(True, functions)
+            self._runners = runners_building(True, functions)
         return self._runners
 
     def kernel_sizes_used(self, attn_groups: list[list[Any]], group_sizes: list[int]) -> dict[int, int]:

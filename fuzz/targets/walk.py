@@ -1,20 +1,34 @@
-"""One case's runner walk, kept for the code that addresses KV blocks by bytes beyond the views.
+"""One case's runner walk, as the deeper checks (fuzz/checks) get it.
 
 The adapter's walk (planner, attention groups, kernel block sizes, raw buffers, views) is what a
-model runner hands its zeroer, block copy, KV connectors and attention layers. Consumers and the
-kernel probe (fuzz/targets/consumers.py, kernel_probe.py) run on it in the worker process, and
-only when it is the walk of the runner that owns them: `runners` names the model runners whose
-own initialisation builds exactly these views.
+model runner hands its zeroer, block copy, KV connectors and attention layers. Checks run on it
+in the worker process, and code a model runner owns only when it is the walk of that runner:
+`runners` names the model runners whose own initialisation builds exactly these views.
+
+A check that needs no views (the other model runner) gets a walk of the case alone: no config,
+groups, views or buffers, and `rerun` to walk the case again.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fuzz.case import Case
+
+if TYPE_CHECKING:
+    from fuzz.targets.base import Outcome
+
+
+def _no_rerun(runner: str) -> Outcome:
+    raise NotImplementedError(f"this walk cannot be run again by the {runner} runner")
+
+
+def _no_replan(memory: int) -> Any:
+    raise NotImplementedError("this walk's groups cannot be planned again")
 
 
 @dataclass
@@ -28,7 +42,17 @@ class Walk:
     raw: list[torch.Tensor]  # the raw buffers, in Outcome.buffers order
     runners: tuple[str, ...]  # "v1" (GPUModelRunner, CPUModelRunner), "v2" (gpu/), "cpu" (0.34's cpu/)
     vllm_config: Any
+    # The case's groups planned again from a memory in bytes, the block-count override unset: vLLM's KVCacheConfig.
+    replan: Callable[[int], Any] = field(default=_no_replan)
+    # The case walked by another model runner ("v1"): its views' Outcome, an error in vLLM's code included.
+    rerun: Callable[[str], Outcome] = field(default=_no_rerun)
 
     @property
     def device(self) -> torch.device:
         return self.raw[0].device
+
+    @classmethod
+    def of_case(cls, case: Case, vllm_config: Any, rerun: Callable[[str], Outcome]) -> Walk:
+        """A walk of the case alone, for checks that need no views."""
+        return cls(case=case, config=None, attn_groups=[], kernel_block_sizes=[], manager_views={}, bound_views={}, raw=[],
+                   runners=(), vllm_config=vllm_config, rerun=rerun)

@@ -39,25 +39,44 @@ Found = Callable[..., Finding]
 OUTSIDE_EVERY_BUFFER = "outside every KV-cache buffer"  # stores a kernel aimed past the case's buffers
 
 
-def check(case: Case, expected: Expectation, outcome: Outcome) -> Finding | None:
-    """The first thing a consumer or cache write did wrong, or None."""
-    touched = outcome.touches
-    if not touched:
+def judge_consumer(case: Case, expected: Expectation, outcome: Outcome, record: dict[str, Any], **rules: Any) -> Finding | None:
+    """The first thing a consumer did wrong on the blocks it was asked about, or None (`rules`, for a zeroer: whether it
+    clears `full_attention_only` layers, and whether it `clears_words`)."""
+    if "skipped" in record:
         return None
-
-    def found(kind: str, function: str, message: str, layer: str | None = None) -> Finding:
-        return observed(case, kind, function, message, layer)
-
     buffers = _buffer_map(expected, outcome)
-    for name, record in touched.get("consumers", {}).items():
-        finding = _consumer(case, expected, buffers, name, record, found)
-        if finding is not None:
-            return finding
-    for layer, record in touched.get("kernel", {}).items():
-        finding = _kernel(case, expected, buffers, layer, record, found)
+    where = record["where"]
+    if "error" in record:
+        if record["kind"] == "zeroing" and not touch.zeroer_serves(case, expected, **rules):
+            return None  # a layout off the zeroer's word granule, which it refuses by design
+        error = record["error"]
+        # A consumer that refuses a case with vLLM's refusal errors says it does not support it: a warning, as in the views.
+        kind = "refused-valid" if error["type"] in REFUSALS else "crash-on-valid"
+        return observed(case, kind, error.get("function") or "?", f"{where}: {error['type']}: {error['message']}")
+    found = _found(case)
+    kind = record["kind"]
+    if kind == "zeroing":
+        return _zero(case, expected, buffers, rules["full_attention_only"], where, record, found)
+    if kind == "copying":
+        return _copy(case, expected, buffers, where, record, found)
+    return _region(case, expected, buffers, where, record, found)
+
+
+def judge_kernel(case: Case, expected: Expectation, outcome: Outcome, records: dict[str, Any]) -> Finding | None:
+    """The first thing a backend's cache write did wrong on a layer's tokens, or None."""
+    buffers = _buffer_map(expected, outcome)
+    for layer, record in records.items():
+        finding = _kernel(case, expected, buffers, layer, record, _found(case))
         if finding is not None:
             return finding
     return None
+
+
+def _found(case: Case) -> Found:
+    def found(kind: str, function: str, message: str, layer: str | None = None) -> Finding:
+        return observed(case, kind, function, message, layer)
+
+    return found
 
 
 def _buffer_map(expected: Expectation, outcome: Outcome) -> dict[int, int]:
@@ -88,28 +107,9 @@ def _layer_of(expected: Expectation, layers: list[str], byte_set: touch.Bytes, b
     return next((name for name in layers if touch.meets(byte_set, touch.owned(expected, [name], block))), None)
 
 
-def _consumer(case: Case, expected: Expectation, buffers: dict[int, int], name: str, record: dict[str, Any], found: Found) -> Finding | None:
-    if "skipped" in record:
-        return None
-    where = record["where"]
-    if "error" in record:
-        if record["kind"] == "zero" and not touch.zeroer_serves(case, expected, name):
-            return None  # a layout off the zeroer's word granule, which it refuses by design
-        error = record["error"]
-        # A consumer that refuses a case with vLLM's refusal errors says it does not support it: a warning, as in the views.
-        kind = "refused-valid" if error["type"] in REFUSALS else "crash-on-valid"
-        return found(kind, error.get("function") or "?", f"{where}: {error['type']}: {error['message']}")
-    kind = record["kind"]
-    if kind == "zero":
-        return _zero(case, expected, buffers, name, where, record, found)
-    if kind == "copy":
-        return _copy(case, expected, buffers, where, record, found)
-    return _region(case, expected, buffers, where, record, found)
-
-
-def _zero(case: Case, expected: Expectation, buffers: dict[int, int], name: str, where: str, record: dict[str, Any],
+def _zero(case: Case, expected: Expectation, buffers: dict[int, int], full_attention_only: bool, where: str, record: dict[str, Any],
           found: Found) -> Finding | None:
-    layers = touch.zeroed_layers(case, expected, name)
+    layers = touch.zeroed_layers(case, expected, full_attention_only)
     function = where.rsplit(".", 1)[-1]
     for entry in record["blocks"]:
         block = entry["block"]

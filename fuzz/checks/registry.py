@@ -1,0 +1,27 @@
+"""Every deeper check, once: the worker, the target, the schedule, the verdict and the reports loop over CHECKS and name
+none. A check is judged in this order after the view path passed (the V1 runner's also after the V2 runner refused)."""
+
+from __future__ import annotations
+
+from fuzz.checks import block_copy, cpu_zero, cpu_zeroer, kernel_probe, offload, planner_fit, v1_runner, zeroer
+from fuzz.checks.protocol import Check
+from fuzz.targets.base import TargetInfo
+
+CHECKS: tuple[Check, ...] = (
+    planner_fit.CHECK,
+    zeroer.CHECK,
+    cpu_zero.CHECK,
+    cpu_zeroer.CHECK,
+    block_copy.CHECK,
+    offload.CHECK,
+    kernel_probe.CHECK,
+    v1_runner.CHECK,
+)
+BY_NAME: dict[str, Check] = {check.name: check for check in CHECKS}
+# The finding kinds the checks report beyond the view path's (fuzz/verdict/findings.py KINDS): kind -> what it means.
+KINDS: dict[str, str] = {kind: meaning for check in CHECKS for kind, meaning in check.kinds.items()}
+
+
+def offered_checks(info: TargetInfo) -> tuple[Check, ...]:
+    """The checks a target offers, as its TargetInfo lists them (a target in another process)."""
+    return tuple(check for check in CHECKS if check.name in info.checks)
