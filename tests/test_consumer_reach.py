@@ -12,11 +12,11 @@ import pytest
 from fuzz.case import Case, GroupCase, SpecCase, Touches, from_dict
 from fuzz.checks.when import CPU_RULE, ZEROING_RULE, on_cpu, zeroes
 from fuzz.space import Rejected, draw_indexed, unrealistic
+from fuzz.targets.base import TargetInfo
+from fuzz.verdict.runner import run_case
 
 ZEROERS = ("zeroer", "cpu-zero", "cpu-zeroer")
 CPU_CONSUMERS = ("cpu-zero", "cpu-zeroer")
-from fuzz.targets.base import TargetInfo
-from fuzz.verdict.runner import run_case
 
 SEED = Path(__file__).resolve().parent.parent / "corpus" / "seeds" / "hybrid-attention-mamba-padded.json"
 

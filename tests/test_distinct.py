@@ -1,5 +1,5 @@
 """A campaign's memory stays bounded however long it runs: the count of keys each check met (fuzz/campaign/distinct.py),
-the schedule's memo (fuzz/campaign/schedule.py) and the synthetic backend classes a target builds (fuzz/targets/common.py).
+the schedule's memo (fuzz/campaign/schedule.py) and the synthetic backend classes a target builds (fuzz/targets/spec_making.py).
 
 A worker meets hundreds of new keys a second; when the schedule remembered every key it met, a one-worker campaign on the
 installed vLLM grew by about 2.5 MiB a second (9 GiB an hour), so a week-long campaign could not have run.
@@ -84,12 +84,12 @@ def test_a_schedule_meeting_new_keys_stops_growing(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_target_keeps_a_bounded_number_of_synthetic_backend_classes(kvfuzz_target, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fuzz.targets import common
+    from fuzz.targets import spec_making
 
     adapter = kvfuzz_target
     if not hasattr(adapter, "backend_class"):
         pytest.skip("the target runs in a worker process (--kvfuzz-vllm)")
-    monkeypatch.setattr(common, "SYNTHETIC_CLASSES", 4)
+    monkeypatch.setattr(spec_making, "SYNTHETIC_CLASSES", 4)
     monkeypatch.setattr(adapter, "_synthetic", type(adapter._synthetic)())
     spec = SpecCase(kind="full", block_size=16, num_kv_heads=2, head_size=64)
 

@@ -8,10 +8,10 @@ import pytest
 
 from fuzz.errors import TargetError
 from fuzz.space import Rejected, draw_indexed
-
-ZEROERS = ("zeroer", "cpu-zero", "cpu-zeroer")
 from fuzz.targets.base import BackendInfo, TargetInfo
 from oracles import pages
+
+ZEROERS = ("zeroer", "cpu-zero", "cpu-zeroer")
 
 pytestmark = [pytest.mark.releases, pytest.mark.slow]
 SAMPLE = 4000

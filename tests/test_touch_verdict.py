@@ -12,10 +12,10 @@ import pytest
 
 import oracles
 from fuzz.case import Case, GroupCase, SpecCase
-from fuzz.targets.base import BufferRecord, Outcome, ViewRecord, encode_bytes
-from fuzz.targets.byte_runs import pattern_bytes
 from fuzz.checks.protocol import Judging
 from fuzz.checks.registry import BY_NAME
+from fuzz.targets.base import BufferRecord, Outcome, ViewRecord, encode_bytes
+from fuzz.targets.byte_runs import pattern_bytes
 from fuzz.verdict import touch as verdict
 from fuzz.verdict.compare import Verdict
 from oracles.contract import LAYOUT_PLACED_KERNEL_MAP
@@ -93,7 +93,8 @@ def copy_record(src: int, dst: int, moved: list[tuple[int, int]]) -> dict:
     original = pattern_bytes(0, 6 * PAGE)
     changed = [[0, target, target + PAGE] for target, _ in moved]
     values = [original[source:source + PAGE].tobytes().hex() for _, source in moved]
-    return {"consumers": {"copy": {"kind": "copying", "where": WHERE, "copies": [{"src": src, "dst": dst, "changed": changed, "values": values}]}}}
+    copies = [{"src": src, "dst": dst, "changed": changed, "values": values}]
+    return {"consumers": {"copy": {"kind": "copying", "where": WHERE, "copies": copies}}}
 
 
 def test_a_correct_copy_passes():

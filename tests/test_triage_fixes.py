@@ -11,9 +11,9 @@ import pytest
 from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend, Touches
 from fuzz.checks.when import CPU_RULE, on_cpu
 from fuzz.space import NULL_BLOCK_RULE, Rejected, draw_indexed, unrealistic
+from oracles import LAYOUT_PLACED_KERNEL_MAP, buffer_bytes, expect
 
 CPU_CONSUMERS = ("cpu-zero", "cpu-zeroer")
-from oracles import LAYOUT_PLACED_KERNEL_MAP, buffer_bytes, expect
 
 
 def attention(block_size: int = 16) -> GroupCase:

@@ -37,7 +37,7 @@ def vllm_terms(case: Case) -> str:
 
 
 def _spec(spec: SpecCase) -> str:
-    from fuzz.targets.common import SPEC_CLASSES  # imports torch: only when a report is written
+    from fuzz.targets.catalog import SPEC_CLASSES  # imports torch: only when a report is written
 
     fields = [(f.name, getattr(spec, f.name)) for f in dataclasses.fields(spec) if f.name != "kind"]
     shown = [(name, value) for name, value in fields

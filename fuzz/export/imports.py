@@ -6,58 +6,10 @@ module runs on every release a finding affects.
 
 from __future__ import annotations
 
-WORKER_UTILS = "vllm.v1.worker.utils"
-INTERFACE = "vllm.v1.kv_cache_interface"
-BACKEND_UTILS = "vllm.v1.attention.backends.utils"
-V2_ATTN_UTILS = "vllm.v1.worker.gpu.attn_utils"
+from fuzz.homes import HOMES
 
-WHERE: dict[str, tuple[str, ...]] = {
-    "VllmConfig": ("vllm.config",),
-    "set_current_vllm_config": ("vllm.config",),
-    "current_platform": ("vllm.platforms",),
-    "register_kv_cache_dtype": ("vllm.config.cache",),
-    "AttentionBackendEnum": ("vllm.v1.attention.backends.registry",),
-    "get_supported_kv_cache_layouts": (BACKEND_UTILS,),
-    "resolve_kv_cache_layout": (BACKEND_UTILS,),
-    "get_kv_cache_config_from_groups": ("vllm.v1.core.kv_cache_planning", "vllm.v1.core.kv_cache_utils"),
-    "FullAttentionSpec": (INTERFACE,),
-    "MLAAttentionSpec": (INTERFACE,),
-    "SlidingWindowSpec": (INTERFACE,),
-    "SlidingWindowMLASpec": (INTERFACE,),
-    "ChunkedLocalAttentionSpec": (INTERFACE,),
-    "SinkFullAttentionSpec": (INTERFACE,),
-    "CrossAttentionSpec": (INTERFACE,),
-    "MambaSpec": (INTERFACE,),
-    "AttentionBackend": ("vllm.v1.attention.backend", "vllm.v1.attention.backends.abstract"),
-    "MultipleOf": ("vllm.v1.attention.backend", "vllm.v1.attention.backends.abstract"),
-    "KVCacheLayout": ("vllm.v1.kv_cache_layout",),
-    "KVTransferConfig": ("vllm.config",),
-    "select_common_block_size": (WORKER_UTILS,),
-    "AttentionSpec": (INTERFACE,),
-    "KVCacheSpec": (INTERFACE,),
-    "KVCacheTensor": (INTERFACE,),
-    "_allocate_kv_cache": (V2_ATTN_UTILS,),
-    "_reshape_kv_cache": (V2_ATTN_UTILS,),
-    "GPUModelRunner": ("vllm.v1.worker.gpu_model_runner",),
-    "CPUModelRunner": ("vllm.v1.worker.cpu_model_runner",),
-    "CPUKVBlockZeroer": ("vllm.v1.worker.cpu.utils",),
-    "KVBlockZeroer": (WORKER_UTILS,),
-    "KVCacheGroupSpec": (INTERFACE,),
-    "UniformTypeKVCacheSpecs": (INTERFACE,),
-    "KVQuantMode": (INTERFACE,),
-    "get_kv_quant_mode": (INTERFACE,),
-    "AttentionGroup": (WORKER_UTILS,),
-    "add_kv_sharing_layers_to_kv_cache_groups": (WORKER_UTILS,),
-    "allocate_kv_cache": (WORKER_UTILS,),
-    "customize_attention_spec": (WORKER_UTILS,),
-    "copy_kv_cache_blocks_inplace": (WORKER_UTILS,),
-    "get_kv_cache_layout": ("vllm.v1.attention.backends.utils",),
-    "map_kv_caches_to_kernel_blocks": (WORKER_UTILS,),
-    "prepare_kernel_block_sizes": (WORKER_UTILS,),
-    "MLAAttention": ("vllm.model_executor.layers.attention.mla_attention",),
-    "AttentionLayerBase": ("vllm.model_executor.layers.attention_layer_base",),
-    "OffloadingConnectorWorker": ("vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker",),
-}
+# Where an exported test imports each name from: fuzz/homes.py, the table the entry-point probe reads too.
+WHERE = HOMES
 
 # Names older releases lack, with the definition the test falls back to there.
 SHIMS: dict[str, list[str]] = {

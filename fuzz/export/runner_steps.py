@@ -124,7 +124,7 @@ BACKEND_LOOKUP = '''
 def shipped_backend(variable: str, name: str, backend: str, module: Module) -> list[str]:
     """`variable = ` the shipped backend `backend` (its name in the module's constant `name`), by the module's
     backend_class helper."""
-    from fuzz.targets.common import BACKEND_CLASSES  # imports torch: only when a module is written
+    from fuzz.targets.catalog import BACKEND_CLASSES  # imports torch: only when a module is written
 
     paths = tuple(".".join((m if m.startswith("vllm.") else "vllm.v1.attention.backends." + m, c))
                   for m, c in (path.split(":") for path in BACKEND_CLASSES.get(backend, ())))

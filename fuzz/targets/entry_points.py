@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.errors import TargetError
+from fuzz.homes import INTERFACE, homes
 from fuzz.targets.calls import hidden_parameters
 
 # Packages searched by source when an entry point is not in any of its usual modules.
@@ -29,18 +30,23 @@ SEARCHED_PACKAGES = ("vllm.v1", "vllm.model_executor", "vllm.config", "vllm.mode
 
 @dataclass(frozen=True)
 class Wanted:
-    """One entry point: its names (newest first), the modules releases kept it in, and for a
-    function the parameters it must take (each entry a set of accepted spellings)."""
+    """One entry point: its names (newest first) and for a function the parameters it must take (each entry a set of
+    accepted spellings); the modules releases kept it in are fuzz/homes.py's."""
 
     role: str
     names: tuple[str, ...]
-    modules: tuple[str, ...]
     params: tuple[tuple[str, ...], ...] = ()
     # For a class: attributes it must have.
     attributes: tuple[str, ...] = ()
     # The parameters decide how kvfuzz calls it (which generation, which arguments): a signature
     # that forwards *args / **kwargs cannot say, so it stops kvfuzz instead of being guessed at.
     exact: bool = False
+    # Where a name fuzz/homes.py does not list usually lives (a spec class: the interface module).
+    usual: tuple[str, ...] = ()
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*homes(*self.names), *self.usual)))
 
 
 @dataclass(frozen=True)
@@ -59,65 +65,60 @@ class Found:
         return f"{self.module}.{self.name}"
 
 
-WORKER_UTILS = "vllm.v1.worker.utils"
-ATTN_UTILS = "vllm.v1.worker.gpu.attn_utils"
-INTERFACE = "vllm.v1.kv_cache_interface"
-CONNECTORS = "vllm.distributed.kv_transfer.kv_connector.v1"
-
 ENTRY_POINTS: dict[str, Wanted] = {w.role: w for w in (
-    Wanted("planner", ("get_kv_cache_config_from_groups",), ("vllm.v1.core.kv_cache_planning", "vllm.v1.core.kv_cache_utils"),
+    Wanted("planner", ("get_kv_cache_config_from_groups",),
            params=(("vllm_config",), ("kv_cache_groups",), ("available_memory", "num_blocks")), exact=True),
-    Wanted("kernel-block choice", ("prepare_kernel_block_sizes",), (WORKER_UTILS,), params=(("kv_cache_config",), ("attn_groups",))),
-    Wanted("common block size", ("select_common_block_size",), (WORKER_UTILS,), params=(("kv_manager_block_size",), ("backends",)),
+    Wanted("kernel-block choice", ("prepare_kernel_block_sizes",), params=(("kv_cache_config",), ("attn_groups",))),
+    Wanted("common block size", ("select_common_block_size",), params=(("kv_manager_block_size",), ("backends",)),
            exact=True),
-    Wanted("allocation", ("allocate_kv_cache",), (WORKER_UTILS,), params=(("kv_cache_config",), ("device",), ("layout",))),
-    Wanted("view creation", ("create_kv_cache_views",), (INTERFACE,), params=(("spec",), ("num_blocks",), ("layout",))),
-    Wanted("kernel-block mapping", ("map_kv_caches_to_kernel_blocks",), (WORKER_UTILS,), params=(("kv_caches",), ("attn_groups",))),
-    Wanted("shared-layer wiring", ("add_kv_sharing_layers_to_kv_cache_groups",), (WORKER_UTILS,),
+    Wanted("allocation", ("allocate_kv_cache",), params=(("kv_cache_config",), ("device",), ("layout",))),
+    Wanted("view creation", ("create_kv_cache_views",), params=(("spec",), ("num_blocks",), ("layout",))),
+    Wanted("kernel-block mapping", ("map_kv_caches_to_kernel_blocks",), params=(("kv_caches",), ("attn_groups",))),
+    Wanted("shared-layer wiring", ("add_kv_sharing_layers_to_kv_cache_groups",),
            params=(("shared_kv_cache_layers",), ("kv_cache_groups",))),
-    Wanted("spec customization", ("customize_attention_spec",), (WORKER_UTILS,), params=(("backend",), ("spec", "kv_cache_spec"))),
+    Wanted("spec customization", ("customize_attention_spec",), params=(("backend",), ("spec", "kv_cache_spec"))),
     # Code that addresses KV blocks by bytes beyond the views (fuzz/targets/consumers.py, kernel_probe.py).
-    Wanted("block zeroer", ("KVBlockZeroer",), (WORKER_UTILS,), attributes=("zero_block_ids",)),
-    Wanted("CPU block zeroer", ("CPUKVBlockZeroer",), ("vllm.v1.worker.cpu.utils",), attributes=("zero_block_ids",)),
-    Wanted("CPU model runner", ("CPUModelRunner",), ("vllm.v1.worker.cpu_model_runner",), attributes=("_zero_block_ids",)),
-    Wanted("block copy", ("copy_kv_cache_blocks_inplace",), (WORKER_UTILS,),
+    Wanted("block zeroer", ("KVBlockZeroer",), attributes=("zero_block_ids",)),
+    Wanted("CPU block zeroer", ("CPUKVBlockZeroer",), attributes=("zero_block_ids",)),
+    Wanted("CPU model runner", ("CPUModelRunner",), attributes=("_zero_block_ids",)),
+    Wanted("block copy", ("copy_kv_cache_blocks_inplace",),
            params=(("kv_caches",), ("num_blocks",), ("kv_cache_block_copies",))),
-    Wanted("offloading worker", ("OffloadingConnectorWorker",), (f"{CONNECTORS}.offloading.worker", f"{CONNECTORS}.offloading_connector"),
+    Wanted("offloading worker", ("OffloadingConnectorWorker",),
            attributes=("register_kv_caches",)),
-    Wanted("legacy allocation", ("_allocate_kv_cache",), (ATTN_UTILS,), params=(("kv_cache_config",), ("device",)), exact=True),
-    Wanted("legacy reshape", ("_reshape_kv_cache",), (ATTN_UTILS,), params=(("kv_cache_raw_tensors",), ("cache_dtype",)), exact=True),
-    Wanted("legacy layout hint", ("set_kv_cache_layout",), ("vllm.v1.attention.backends.utils",), params=(("cache_layout",),)),
-    Wanted("KVCacheLayout", ("KVCacheLayout",), ("vllm.v1.kv_cache_layout", INTERFACE), attributes=("LBNHC",)),
-    Wanted("AttentionGroup", ("AttentionGroup",), (WORKER_UTILS,), attributes=()),
-    Wanted("AttentionBackend", ("AttentionBackend",), ("vllm.v1.attention.backend", "vllm.v1.attention.backends.abstract"),
+    Wanted("legacy allocation", ("_allocate_kv_cache",), params=(("kv_cache_config",), ("device",)), exact=True),
+    Wanted("legacy reshape", ("_reshape_kv_cache",), params=(("kv_cache_raw_tensors",), ("cache_dtype",)), exact=True),
+    Wanted("legacy layout hint", ("set_kv_cache_layout",), params=(("cache_layout",),)),
+    Wanted("KVCacheLayout", ("KVCacheLayout",), attributes=("LBNHC",)),
+    Wanted("AttentionGroup", ("AttentionGroup",), attributes=()),
+    Wanted("AttentionBackend", ("AttentionBackend",),
            attributes=("get_supported_kernel_block_sizes",)),
-    Wanted("MultipleOf", ("MultipleOf",), ("vllm.v1.attention.backend", "vllm.v1.attention.backends.abstract"), attributes=()),
-    Wanted("VllmConfig", ("VllmConfig",), ("vllm.config", "vllm.config.vllm"), attributes=("cache_config",)),
-    Wanted("set_current_vllm_config", ("set_current_vllm_config",), ("vllm.config", "vllm.config.vllm"), params=(("vllm_config",),)),
-    Wanted("KVCacheConfig", ("KVCacheConfig",), (INTERFACE,), attributes=()),
-    Wanted("KVCacheGroupSpec", ("KVCacheGroupSpec",), (INTERFACE,), attributes=()),
-    Wanted("KVCacheTensor", ("KVCacheTensor",), (INTERFACE,), attributes=()),
-    Wanted("AttentionSpec", ("AttentionSpec",), (INTERFACE,), attributes=("page_size_bytes",)),
-    Wanted("KVCacheSpec", ("KVCacheSpec",), (INTERFACE,), attributes=("page_size_bytes",)),
-    Wanted("KVQuantMode", ("KVQuantMode",), (INTERFACE,), attributes=("NONE",)),
-    Wanted("quant-mode lookup", ("get_kv_quant_mode",), (INTERFACE,), params=(("kv_cache_dtype",),)),
-    Wanted("cache dtype table", ("STR_DTYPE_TO_TORCH_DTYPE",), ("vllm.utils.torch_utils", "vllm.utils")),
-    Wanted("cache dtype names", ("KV_CACHE_DTYPES", "CacheDType"), ("vllm.config.cache",)),
-    Wanted("dtype handler registry", ("register_kv_cache_dtype",), ("vllm.config.cache",), params=(("name",),)),
-    Wanted("rotary dims", ("register_rope_dim",), ("vllm.v1.attention.ops.rocm_octave",), params=(("head_size",), ("rope_dim",))),
-    Wanted("HiSparse initialisation", ("init_hisparse_kv_cache",), ("vllm.v1.hisparse.binding",), params=(("kv_cache_config",),)),
+    Wanted("MultipleOf", ("MultipleOf",), attributes=()),
+    Wanted("VllmConfig", ("VllmConfig",), attributes=("cache_config",)),
+    Wanted("set_current_vllm_config", ("set_current_vllm_config",), params=(("vllm_config",),)),
+    Wanted("KVCacheConfig", ("KVCacheConfig",), attributes=()),
+    Wanted("KVCacheGroupSpec", ("KVCacheGroupSpec",), attributes=()),
+    Wanted("KVCacheTensor", ("KVCacheTensor",), attributes=()),
+    Wanted("AttentionSpec", ("AttentionSpec",), attributes=("page_size_bytes",)),
+    Wanted("KVCacheSpec", ("KVCacheSpec",), attributes=("page_size_bytes",)),
+    Wanted("KVQuantMode", ("KVQuantMode",), attributes=("NONE",)),
+    Wanted("quant-mode lookup", ("get_kv_quant_mode",), params=(("kv_cache_dtype",),)),
+    Wanted("cache dtype table", ("STR_DTYPE_TO_TORCH_DTYPE",)),
+    Wanted("cache dtype names", ("KV_CACHE_DTYPES", "CacheDType")),
+    Wanted("dtype handler registry", ("register_kv_cache_dtype",), params=(("name",),)),
+    Wanted("rotary dims", ("register_rope_dim",), params=(("head_size",), ("rope_dim",))),
+    Wanted("HiSparse initialisation", ("init_hisparse_kv_cache",), params=(("kv_cache_config",),)),
     # The V1 model runner (GPUModelRunner; CPUModelRunner subclasses it) and what it reaches.
-    Wanted("V1 runner", ("GPUModelRunner",), ("vllm.v1.worker.gpu_model_runner",), attributes=("initialize_kv_cache_tensors",)),
-    Wanted("UniformTypeKVCacheSpecs", ("UniformTypeKVCacheSpecs",), (INTERFACE,), attributes=("is_uniform_type",)),
-    Wanted("KVTransferConfig", ("KVTransferConfig",), ("vllm.config", "vllm.config.kv_transfer"), attributes=()),
+    Wanted("V1 runner", ("GPUModelRunner",), attributes=("initialize_kv_cache_tensors",)),
+    Wanted("UniformTypeKVCacheSpecs", ("UniformTypeKVCacheSpecs",), attributes=("is_uniform_type",)),
+    Wanted("KVTransferConfig", ("KVTransferConfig",), attributes=()),
     # Specs built by vLLM from layers: the V2 runner's walk over the forward context, and the layers.
-    Wanted("layer spec walk", ("get_kv_cache_spec",), (ATTN_UTILS,), params=(("vllm_config",),)),
-    Wanted("Attention layer", ("Attention",), ("vllm.model_executor.layers.attention.attention", "vllm.attention.layer"),
+    Wanted("layer spec walk", ("get_kv_cache_spec",), params=(("vllm_config",),)),
+    Wanted("Attention layer", ("Attention",),
            attributes=("get_kv_cache_spec",)),
-    Wanted("MLA layer", ("MLAAttention",), ("vllm.model_executor.layers.attention.mla_attention", "vllm.attention.layer"),
+    Wanted("MLA layer", ("MLAAttention",),
            attributes=("get_kv_cache_spec",)),
-    Wanted("ModelConfig", ("ModelConfig",), ("vllm.config", "vllm.config.model"), attributes=()),
-    Wanted("CacheConfig", ("CacheConfig",), ("vllm.config", "vllm.config.cache"), attributes=()),
+    Wanted("ModelConfig", ("ModelConfig",), attributes=()),
+    Wanted("CacheConfig", ("CacheConfig",), attributes=()),
 )}
 
 
@@ -163,7 +164,7 @@ class Probe:
         """A KV-cache spec class by name: in the interface module, else wherever vLLM defines it."""
         role = f"spec class {name}"
         if role not in self._found:
-            wanted = Wanted(role, (name,), (INTERFACE,), attributes=("page_size_bytes",))
+            wanted = Wanted(role, (name,), attributes=("page_size_bytes",), usual=(INTERFACE,))
             self._found[role] = self._locate(wanted)
         found = self._found[role]
         return None if found is None else found.obj
