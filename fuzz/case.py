@@ -12,7 +12,6 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from fuzz.errors import CaseError
@@ -62,7 +61,6 @@ SPEC_KINDS = (
     "sliding_window_mla",
     "mamba",
 )
-ATTENTION_KINDS = tuple(k for k in SPEC_KINDS if k != "mamba")
 MLA_KINDS = ("mla", "sliding_window_mla")
 WINDOWED_KINDS = ("sliding_window", "sliding_window_mla")
 
@@ -379,24 +377,6 @@ def loads(text: str) -> Case:
     return from_dict(data)
 
 
-def load(path: str | Path) -> Case:
-    """Read a case file; corpus entries hold the case under the key "case"."""
-    try:
-        text = Path(path).read_text()
-    except OSError as error:
-        raise CaseError(f"{path}: cannot read ({error.strerror})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise CaseError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None
-    if isinstance(data, dict) and "case" in data:
-        data = data["case"]
-    try:
-        return from_dict(data)
-    except CaseError as error:
-        raise CaseError(f"{path}: {error}") from None
-
-
 def validate(case: Case) -> None:
     """Consistency rules every case obeys, whatever the target."""
     _expect(case.layout in LAYOUTS, "layout", f"{case.layout!r} is not one of {', '.join(LAYOUTS)}")
@@ -590,7 +570,6 @@ __all__ = [
     "Touches",
     "dumps",
     "from_dict",
-    "load",
     "loads",
     "to_dict",
     "validate",

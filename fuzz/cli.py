@@ -81,7 +81,10 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a fuzz campaign")
     target_options(run)
     run.add_argument("--max-time", type=_positive(float), default=60.0,
-                     help="seconds the run may take, the target's start included (default 60); it ends within a few more")
+                     help="seconds of fuzzing, counted from when the target is ready: its start (start_s in the report) is not "
+                          "counted (default 60); it ends within a few more")
+    run.add_argument("--start-timeout", type=_positive(float), default=300.0,
+                     help="seconds the target may take to start (import vLLM) before the run ends with an error (default 300)")
     run.add_argument("--max-cases", type=_positive(int), default=10**12, help="stop after this many cases")
     run.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
     run.add_argument("--corpus", type=Path, default=Path("corpus/findings"), help="where findings go (default corpus/findings)")
@@ -214,7 +217,8 @@ def _ci_parser(sub: Any, target_options: Callable[[argparse.ArgumentParser], Non
     ci = sub.add_parser("ci", help="guard a vLLM change: corpus gate, a time-boxed campaign, new findings checked against a baseline")
     target_options(ci)
     ci.add_argument("--budget", type=_positive(float), default=DEFAULT_BUDGET,
-                    help=f"seconds of fuzzing (default {DEFAULT_BUDGET:g}: a pull request on 2 cores)")
+                    help=f"seconds of fuzzing, counted from when the target is ready: its start and the corpus gate are not "
+                         f"counted (default {DEFAULT_BUDGET:g}: a pull request on 2 cores)")
     ci.add_argument("--baseline", metavar="SPEC",
                     help="the vLLM the change started from (a release, 'installed' or a checkout such as the merge base): "
                          "a failure it has too is pre-existing, not the change's")
@@ -234,7 +238,7 @@ def _ci_parser(sub: Any, target_options: Callable[[argparse.ArgumentParser], Non
 
 
 def main(argv: list[str] | None = None, stdout: TextIO = sys.stdout, stderr: TextIO = sys.stderr) -> int:
-    started = time.monotonic()  # --max-time counts from here, kvfuzz's own imports included
+    started = time.monotonic()  # start_s counts from here, kvfuzz's own imports included
     parser = _parser()
     try:
         args = parser.parse_args(argv)

@@ -22,9 +22,10 @@ from fuzz import SOURCE_ROOT
 from fuzz.campaign import preload, stop
 from fuzz.campaign.pool import START_TIMEOUT, Pool, RemoteTarget
 from fuzz.case import Case
+from fuzz.checks.registry import SEVERITY
 from fuzz.errors import KvfuzzError, TargetError, UsageError
 from fuzz.targets import releases
-from fuzz.verdict.findings import SEVERITIES, SEVERITY, Finding
+from fuzz.verdict.findings import SEVERITIES, Finding
 
 MIB = 1 << 20
 
@@ -70,13 +71,13 @@ def open_campaign_pool(args: argparse.Namespace, start_timeout: float = START_TI
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    """A campaign that ends --max-time seconds after the command starts (the target's start included),
-    with its report written whatever happened: 0, 1 with new findings, 2 on an error, 130 / 143 when
-    SIGINT / SIGTERM stopped it."""
+    """A campaign that fuzzes for --max-time seconds, counted from when the target is ready (its start, bounded by
+    --start-timeout, is not counted), with its report written whatever happened: 0, 1 with new findings, 2 on an
+    error, 130 / 143 when SIGINT / SIGTERM stopped it."""
     from fuzz.campaign.engine import Campaign, CampaignOptions, Report
     from fuzz.campaign.progress import Progress
 
-    deadline = getattr(args, "started", time.monotonic()) + args.max_time
+    started = getattr(args, "started", time.monotonic())
     if args.ray is not None and args.engine == "atheris":
         raise UsageError("--ray goes with the default engine")
     if args.engine == "atheris":
@@ -88,25 +89,25 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                               corpus_dir=args.corpus, synthetic=not args.no_synthetic,
                               probe_every=1 if args.probe != "metadata" else (args.probe_every or 0),
                               probe_kind="kernel" if args.probe == "kernel" else "physical", consumers_every=args.consumers_every,
-                              scale=args.scale, max_buffer_bytes=args.max_buffer_bytes, deadline=deadline)
+                              scale=args.scale, max_buffer_bytes=args.max_buffer_bytes)
     report = Report(target={"spec": args.vllm, "label": args.vllm, "vllm_version": "?", "generation": "?", "contract": "?"})
     with stop.handling():
         try:
-            with open_campaign_pool(args, start_timeout=max(1.0, min(START_TIMEOUT, deadline - time.monotonic()))) as pool:
+            with open_campaign_pool(args, start_timeout=getattr(args, "start_timeout", START_TIMEOUT)) as pool:
                 assert pool.info is not None
                 label = pool.source.label
-                start_s = time.monotonic() - getattr(args, "started", deadline - args.max_time)
+                start_s = time.monotonic() - started
                 print(f"kvfuzz: {label}: vLLM {pool.info.vllm_version} ({pool.info.generation}, contract {pool.info.contract.name}), "
                       f"{len(pool.fuzzers())} worker(s) on {args.device}, seed {args.seed}", file=out, flush=True)
                 warm = (", forked from a standby kept warm" if getattr(pool, "warm", False)
                         else ", dependencies preloaded" if getattr(pool, "preloaded", False) else "")
-                print(f"kvfuzz: target ready in {start_s:.1f} s (start_s{warm})", file=out, flush=True)
+                print(f"kvfuzz: target ready in {start_s:.1f} s (start_s{warm}, not counted in --max-time {args.max_time:g})",
+                      file=out, flush=True)
                 for line in pool.info.checks_off:
                     print(f"kvfuzz: check off: {line}", file=out, flush=True)
                 if pool.info.uncovered:
                     print(f"kvfuzz: not drawn (outside the case space): {', '.join(pool.info.uncovered)}", file=out, flush=True)
-                left = deadline - time.monotonic()
-                progress = None if args.quiet else Progress(out, max_time=left, max_cases=args.max_cases)
+                progress = None if args.quiet else Progress(out, max_time=args.max_time, max_cases=args.max_cases)
                 report = Campaign(pool, options, progress=progress).run()
                 report.start_s = start_s
                 if progress is not None:
@@ -118,6 +119,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             report.stop_reason = signal.Signals(stop.requested() or signal.SIGINT).name
         except KvfuzzError as error:  # the target did not start: still a report saying so
             report.stop_reason, report.error = "error", str(error)
+            report.start_s = time.monotonic() - started
             _write_reports(args, report.to_dict())
             raise
         signum = stop.requested()
@@ -142,7 +144,8 @@ def _check_writable(corpus: Path) -> None:
 
 
 def _print_summary(report: Any, data: dict[str, Any], out: TextIO) -> None:
-    print(f"kvfuzz: {data['cases']} cases in {data['elapsed_s']} s ({data['cases_per_s']} cases/s), "
+    started = "" if data["start_s"] is None else f" (the target's start, {data['start_s']} s, not counted)"
+    print(f"kvfuzz: {data['cases']} cases in {data['fuzz_s']} s of fuzzing{started} ({data['cases_per_s']} cases/s), "
           f"stopped by {data['stop_reason']}: {dict(report.verdicts)}", file=out)
     from fuzz.campaign.progress import check_cell
 
@@ -171,13 +174,13 @@ def _print_summary(report: Any, data: dict[str, Any], out: TextIO) -> None:
 def _write_reports(args: argparse.Namespace, data: dict[str, Any]) -> int:
     """The JSON report and JUnit XML a campaign was asked for; the exit status: 2 when kvfuzz itself failed on a case,
     1 when a new finding is at least as severe as --fail-on (flaky and unconfirmed process failures never count), else 0."""
-    from fuzz.campaign.junit import write_junit
+    from fuzz.campaign.junit import write_campaign_junit
 
     try:
         if args.report:
             args.report.write_text(json.dumps(data, indent=1) + "\n")
         if args.junit:
-            write_junit(args.junit, data)
+            write_campaign_junit(args.junit, data)
     except OSError as error:
         raise UsageError(f"cannot write the report: {error}") from None
     if data.get("internal_errors"):
@@ -253,7 +256,7 @@ def _shrink_finding(target: RemoteTarget, case: Case, finding: Finding, args: ar
 
 
 def explain(args: argparse.Namespace, out: TextIO) -> int:
-    from fuzz.case import load
+    from fuzz.corpus.file import load
     from fuzz.explain.render import describe, render
     from fuzz.verdict.runner import run_case
 
@@ -278,7 +281,8 @@ def selftest(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def shrink(args: argparse.Namespace, out: TextIO) -> int:
-    from fuzz.case import dumps, load
+    from fuzz.case import dumps
+    from fuzz.corpus.file import load
     from fuzz.corpus.minimize import shrink_finding
     from fuzz.verdict.runner import run_case
 
@@ -304,8 +308,8 @@ def shrink(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def bisect(args: argparse.Namespace, out: TextIO) -> int:
-    from fuzz.case import load
     from fuzz.corpus.bisect import bisect_case, format_table
+    from fuzz.corpus.file import load
 
     case = load(args.case)
     versions = releases.releases_between(args.low or "0.19.1", args.high)
@@ -346,6 +350,7 @@ def bench(args: argparse.Namespace, out: TextIO) -> int:
             if workers == 1:
                 figures["campaign_checks"] = report.check_rows()
     figures["two_workers_speedup"] = figures["campaign_2_workers_per_s"] / figures["campaign_1_workers_per_s"]
+    figures["ratios"] = bench_ratios(figures)
     if args.json:
         print(json.dumps(figures, indent=1), file=out)
     else:
@@ -356,14 +361,36 @@ def bench(args: argparse.Namespace, out: TextIO) -> int:
                 for row in value:
                     print(f"{'check ' + row['check']:32} {check_cell(row)}", file=out)
                 continue
+            if key == "ratios":
+                _print_ratios(value, out)
+                continue
             print(f"{key:32} {value:,.2f}" if isinstance(value, float) else f"{key:32} {value}", file=out)
     return 0
 
 
+def bench_ratios(figures: dict[str, Any]) -> dict[str, Any]:
+    """Speed as multiples of vLLM's own bare walk measured in the same run (1.0: as fast as vLLM's calls alone): the view
+    path (kvfuzz's pipeline, metadata checked), the default campaign (one worker, every deeper check where the schedule
+    puts it), and each deeper check's cost per key it checked, in bare walks (how many walks one key costs)."""
+    walk = figures["bare_walk_per_s"]
+    per_key = {row["check"]: row["seconds"] / row["keys_checked"] for row in figures.get("campaign_checks", ()) if row["keys_checked"]}
+    return {"view_path_vs_bare_walk": figures["pipeline_per_s"] / walk,
+            "campaign_vs_bare_walk": figures["campaign_1_workers_per_s"] / walk,
+            "check_us_per_key": {name: seconds * 1e6 for name, seconds in per_key.items()},
+            "check_per_key_in_bare_walks": {name: seconds * walk for name, seconds in per_key.items()}}
+
+
+def _print_ratios(ratios: dict[str, Any], out: TextIO) -> None:
+    print(f"{'view path / bare walk':32} {ratios['view_path_vs_bare_walk']:.2f}x", file=out)
+    print(f"{'campaign (all checks) / bare walk':32} {ratios['campaign_vs_bare_walk']:.2f}x", file=out)
+    for name, walks in ratios["check_per_key_in_bare_walks"].items():
+        print(f"{'check ' + name + ' per key':32} {ratios['check_us_per_key'][name]:,.0f} us = {walks:,.1f} bare walks", file=out)
+
+
 def _start_times(args: argparse.Namespace) -> dict[str, float]:
-    """Seconds until the target's one worker is ready: cold (vLLM's own caches empty, no standby), a fresh import with
-    warm caches (no standby), preloaded (a fork of the base standby) and warm (a second campaign: forked from the
-    standby the first left, fuzz/campaign/standby.py)."""
+    """Seconds until the target's one worker is ready: cold (a fresh machine: kvfuzz's and vLLM's cache folders empty, no
+    standby), a fresh import with warm caches (no standby), preloaded (a fork of the base standby) and warm (a second
+    campaign: forked from the standby the first left, fuzz/campaign/standby.py)."""
     import tempfile
 
     def start() -> float:
@@ -371,7 +398,9 @@ def _start_times(args: argparse.Namespace) -> dict[str, float]:
         with open_pool(args, workers=1):
             return time.monotonic() - began
 
-    with tempfile.TemporaryDirectory() as empty, _environment(VLLM_CACHE_ROOT=empty, KVFUZZ_KEEP_WARM="0"):
+    # A fresh machine's first start: empty kvfuzz and vLLM cache folders, no standby of any kind.
+    with tempfile.TemporaryDirectory() as empty, _environment(KVFUZZ_CACHE=empty, VLLM_CACHE_ROOT=f"{empty}/vllm-state",
+                                                              KVFUZZ_STANDBY_DIR=f"{empty}/standby", KVFUZZ_KEEP_WARM="0"):
         cold = start()
     with _environment(KVFUZZ_KEEP_WARM="0"):
         imported = start()  # also warms the target's own state folder (fuzz/targets/releases.py vllm_state_folder)
@@ -434,7 +463,7 @@ def standby(args: argparse.Namespace, out: TextIO) -> int:
 def ci(args: argparse.Namespace, out: TextIO) -> int:
     """Guard a vLLM change: corpus gate, campaign, reruns in fresh processes, baseline (fuzz/ci)."""
     from fuzz import __version__
-    from fuzz.ci.junit import write_junit
+    from fuzz.ci.junit import write_ci_junit
     from fuzz.ci.run import CiOptions, run_ci
     from fuzz.ci.sarif import write_sarif
     from fuzz.ci.summary import markdown, terminal
@@ -448,7 +477,7 @@ def ci(args: argparse.Namespace, out: TextIO) -> int:
     if args.sarif:
         write_sarif(args.sarif, result, __version__)
     if args.junit:
-        write_junit(args.junit, result)
+        write_ci_junit(args.junit, result)
     if args.report:
         from fuzz.ci.report import write_report
 

@@ -42,7 +42,7 @@ from fuzz.case import (
 )
 from fuzz.checks import registry
 from fuzz.targets.base import BackendInfo, TargetInfo
-from oracles import dtypes, pages
+from oracles import contract, dtypes, pages
 
 T = TypeVar("T")
 
@@ -82,7 +82,6 @@ MAX_BUFFER_BYTES = 1 << 20
 MAX_PRODUCTION_BLOCKS = 1 << 20
 MAX_PRODUCTION_BYTES = 1 << 40
 MAX_PRODUCTION_HEADS = 64
-SCALES = ("small", "production")
 # A case the contract rejects is kept this often (percent); the others are redrawn, so most cases
 # test layouts vLLM must build while refusals stay covered.
 KEEP_REJECTED = 30
@@ -765,16 +764,9 @@ def unrealistic(case: Case, info: TargetInfo) -> str | None:
     return None
 
 
-def accepts(sizes: Sequence[int | str], size: int) -> bool:
-    return any(size == s if isinstance(s, int) else size % int(s[1:]) == 0 for s in sizes)
-
-
-def choose_kernel_block_size(block_size: int, sizes: Sequence[int | str]) -> int | None:
-    """The kernel block size vLLM picks for a backend declaring `sizes`, or None if none fits."""
-    if accepts(sizes, block_size):
-        return block_size
-    explicit = sorted({s for s in sizes if isinstance(s, int) and block_size % s == 0}, reverse=True)
-    return next((s for s in explicit if accepts(sizes, s)), None)
+# A backend's kernel block sizes and the one vLLM picks are the contract's (oracles/contract.py).
+accepts = contract.declares
+choose_kernel_block_size = contract.kernel_block_size
 
 
 def buffer_bytes(case: Case) -> int:

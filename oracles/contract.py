@@ -523,6 +523,23 @@ def zeroer_granule(clears_words: bool) -> int:
     return 4 if clears_words else 1
 
 
+def declares(sizes: Sequence[int | str], size: int) -> bool:
+    """Whether a backend declaring kernel block `sizes` (ints, or "xN" for any multiple of N) takes `size`."""
+    return any(size == s if isinstance(s, int) else size % int(s[1:]) == 0 for s in sizes)
+
+
+@rule("vllm/v1/worker/utils.py select_common_block_size (0.19.1 - 0.34.0): 'Select a block size that is supported by all "
+      "backends and is a factor of kv_manager_block_size. If kv_manager_block_size is supported by all backends, return it "
+      "directly. Otherwise, return the max supported size.'")
+def kernel_block_size(block_size: int, sizes: Sequence[int | str]) -> int | None:
+    """The kernel block size for blocks of `block_size` tokens on a backend declaring `sizes`: the block itself where the
+    backend takes it, else the largest size it declares that divides the block; None where none does."""
+    if declares(sizes, block_size):
+        return block_size
+    explicit = sorted({s for s in sizes if isinstance(s, int) and block_size % s == 0}, reverse=True)
+    return next((s for s in explicit if declares(sizes, s)), None)
+
+
 @rule("vllm/v1/worker/block_table.py BlockTable.compute_slot_mapping: 'E.g., [0, 1, 0, 1, 2, 3, 4, 0, 1, 2] -> [0, 0, K, K, "
       "K + 1, K + 1, K + 2, 2 * K, 2 * K, 2 * K + 1]' (slot = block number * block size + offset); map_to_kernel_blocks: "
       "'kernel_block_ids = kv_manager_block_id * blocks_per_kv_block + kernel_block_arange'")

@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fuzz.case import load  # noqa: E402
+from fuzz.corpus.file import load  # noqa: E402
 from fuzz.targets.releases import TargetSource, resolve  # noqa: E402
 
 

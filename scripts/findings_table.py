@@ -75,9 +75,11 @@ Layouts = Mapping[str, Mapping[str, "list[str] | None"]]
 
 def linked_files(corpus: Path = CORPUS) -> dict[str, int | str]:
     """Corpus file (relative to the repository) -> the FINDINGS entry it belongs to ("candidate" for Candidates)."""
+    from fuzz.corpus.file import read
+
     links: dict[str, int | str] = {}
     for path in sorted(corpus.glob("*.json")):
-        finding = json.loads(path.read_text()).get("finding")
+        finding = read(path).meta.get("finding")
         if finding is not None:
             links[path.relative_to(ROOT).as_posix()] = finding
     return links
@@ -268,11 +270,13 @@ def finding_reach(links: Mapping[str, int | str], results: Mapping[str, Mapping[
 def candidate_rows(links: Mapping[str, int | str], results: Mapping[str, Mapping[str, Outcome]], versions: Sequence[str],
                    layouts: Layouts) -> list[str]:
     """One table row per candidate corpus file: the file, its signature, the releases where it fails, its reach class."""
+    from fuzz.corpus.file import read
+
     rows = ["| corpus file | signature | fails on | reach |", "|---|---|---|---|"]
     for name, finding in sorted(links.items()):
         if finding != "candidate":
             continue
-        signature = json.loads((ROOT / name).read_text()).get("signature", "").replace("|", "\\|")  # in a table cell
+        signature = read(ROOT / name).signature.replace("|", "\\|")  # in a table cell
         failing = [v for v in versions if results.get(name, {}).get(v, Outcome("error")).status == "fails"]
         rows.append(f"| `{Path(name).stem}` | `{signature}` | {format_releases(failing, versions)} | "
                     f"{file_reach(name, results, layouts) or 'not judged'} |")

@@ -14,7 +14,8 @@ import pytest
 
 atheris = pytest.importorskip("atheris")
 
-from fuzz.case import Case, dumps, load  # noqa: E402
+from fuzz.case import Case, dumps  # noqa: E402
+from fuzz.corpus.file import load  # noqa: E402
 from fuzz.engines.atheris_engine import run_atheris  # noqa: E402
 from fuzz.engines.libfuzzer import (  # noqa: E402
     classify_exit,

@@ -1,6 +1,6 @@
 """Chaos: targets that segfault, abort, hang, exit or eat memory, and coordinators that are signalled,
 killed or cannot write their corpus. Whatever happens, a campaign ends on time, every finding is on
-disk, and the report says what happened (README, "Campaigns").
+disk, and the report says what happened (docs/reference/campaigns.md, "What a campaign guarantees").
 
 The misbehaving targets are real vLLM trees with one function wrapped (tests/chaos_trees.py). Most
 campaigns share one pool on a tree whose behaviour a control file sets per test; the chosen case of
@@ -48,10 +48,12 @@ EXPECTED = {"segfault": ("crash-signal", "SIGSEGV"), "abort": ("crash-signal", "
             "exit": ("crash-on-valid", "SystemExit"), "os-exit": ("crash-signal", "exited with status 7"), "memory": ("oom", "")}
 CASE_TIMEOUT = 2.0
 SEED, CASES = 0, 40
-# Seconds past --max-time a campaign may take on a loaded two-core CI machine: the workers' stop,
-# the report (README promises a few seconds; the bound leaves room for a busy box).
-MARGIN = 20.0
-STOP_BOUND = 10.0  # seconds from a signal to the exit (README: a couple of seconds)
+# Seconds past a bound kvfuzz enforces (--max-time, --start-timeout) a run may take on a loaded two-core CI machine: the
+# workers' stop, the report, the interpreter's own start (docs/reference/campaigns.md promises a few seconds; the bound
+# leaves room for a busy box).
+# No test here asserts that anything starts or imports within a time shorter than kvfuzz's own start timeout.
+MARGIN = 30.0
+STOP_BOUND = 30.0  # seconds from a signal to the exit (docs/reference/campaigns.md: a couple of seconds; a loaded box takes longer)
 BUCKET_RULES = [("bucket < 4", "segfault"), ("4 <= bucket < 7", "abort"), ("7 <= bucket < 9", "hang"), ("9 <= bucket < 12", "exit"),
                 ("12 <= bucket < 14", "os-exit")]
 
@@ -141,7 +143,7 @@ def adapter_calling(function):  # noqa: ANN001, ANN201
 
 
 def test_a_call_that_does_not_fit_the_signature_is_kvfuzz_s_error_and_a_wrong_call_inside_vllm_is_an_outcome():
-    from fuzz.targets.common import capture
+    from fuzz.tracebacks import capture
 
     def _reshape_kv_cache(attn_groups, kv_cache_dtype):  # noqa: ANN001, ANN202 - a parameter renamed
         return None
@@ -251,8 +253,8 @@ def test_a_case_that_misbehaves_is_recorded_as_its_kind_and_shrinking_survives_c
     """(i) on a case and (ii) while shrinking: the chosen case does `action`, and so does every call
     that repeats the previous one's groups (what shrinking candidates do, in a worker or the spare)."""
     set_control(chaos.control, cases={chaos.shape: action}, repeated=action)
-    report, seconds = campaign(chaos.pool, tmp_path, max_time=60, max_cases=CASES)
-    assert seconds <= 60 + MARGIN
+    # Sized in cases: the time limit is only a hard cap, far beyond what the cases take on a busy machine.
+    report, _ = campaign(chaos.pool, tmp_path, max_time=600, max_cases=CASES)
     assert report.stop_reason == "max-cases" and report.cases == CASES, describe(report)
     assert not report.errors and not report.error, describe(report)
     assert_on_disk(report, tmp_path / "corpus")
@@ -292,25 +294,26 @@ def test_a_target_that_fails_while_imported_is_a_one_line_error(action, says, tm
     from fuzz.targets import releases
 
     tree = make_tree(tmp_path / "tree", FUNCTION, at_import=action)
-    began = time.monotonic()
     with pytest.raises(TargetError) as error:
-        Pool(releases.resolve(str(tree)), workers=2, max_memory=256 << 20, start_timeout=60)
+        Pool(releases.resolve(str(tree)), workers=2, max_memory=256 << 20)
     assert says in str(error.value) and "\n" not in str(error.value)
-    assert time.monotonic() - began < 60, "not a start timeout"
+    assert "did not start within" not in str(error.value), "told as it happened, not as a start timeout"
 
 
 @pytest.mark.slow
 def test_a_target_that_hangs_while_imported_ends_the_run_on_time_with_a_report(tmp_path):
-    """(iii): the zygote never finishes importing vLLM: the run ends at --max-time, an error with a report."""
+    """(iii): the zygote never finishes importing vLLM: the run ends at --start-timeout (--max-time counts only
+    fuzzing), an error with a report."""
     pytest.importorskip("vllm")
     tree = make_tree(tmp_path / "tree", FUNCTION, at_import="hang")
-    result, seconds = kvfuzz("run", "--vllm", str(tree), "--max-time", "8", "--corpus", str(tmp_path / "corpus"),
+    result, seconds = kvfuzz("run", "--vllm", str(tree), "--start-timeout", "8", "--max-time", "5", "--corpus", str(tmp_path / "corpus"),
                              "--report", str(tmp_path / "report.json"), "--junit", str(tmp_path / "junit.xml"), "--quiet")
     assert result.returncode == 2, result
-    assert "did not start within" in one_error_line(result.stderr)
+    assert "did not start within 8 s" in one_error_line(result.stderr)
     assert seconds <= 8 + MARGIN
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["stop_reason"] == "error" and "did not start within" in report["error"]
+    assert report["start_s"] >= 8 and report["cases"] == 0
     assert "<error" in (tmp_path / "junit.xml").read_text()
 
 
@@ -364,13 +367,13 @@ def test_a_wrapped_0_23_that_misbehaves_on_some_buffer_sizes(release_023, tmp_pa
     tree = make_tree(tmp_path / "tree", RESHAPE_023, BUCKET_RULES, base=release_023)
     corpus = shutil.copytree(REPO / "corpus" / "findings", tmp_path / "corpus")
     kept = set(corpus.glob("*.json"))
-    # The target's start counts against --max-time: on a loaded 2-core box importing the wrapped 0.23 took over 20 s.
-    budget = 32
-    result, seconds = kvfuzz("run", "--vllm", str(tree), "--max-time", str(budget), "--workers", "2", "--case-timeout", "2",
-                             "--corpus", str(corpus), "--report", str(tmp_path / "report.json"), "--junit", str(tmp_path / "junit.xml"),
-                             "--quiet")
-    assert seconds <= budget + MARGIN
+    # --max-time counts fuzzing only: importing the wrapped 0.23 (over 20 s on a loaded 2-core box) is not in it.
+    budget = 20
+    result, _ = kvfuzz("run", "--vllm", str(tree), "--max-time", str(budget), "--workers", "2", "--case-timeout", "2",
+                       "--corpus", str(corpus), "--report", str(tmp_path / "report.json"), "--junit", str(tmp_path / "junit.xml"),
+                       "--quiet")
     report = json.loads((tmp_path / "report.json").read_text())
+    assert report["fuzz_s"] <= budget + MARGIN and report["start_s"] > 0, report
     assert result.returncode == (1 if report["findings"] else 0), result
     assert report["stop_reason"] == "max-time" and report["target"]["generation"] == "G3"
     for finding in [*report["findings"], *report["flaky"]]:

@@ -14,7 +14,7 @@ import torch
 
 from fuzz.case import CaseError, SpecCase
 from fuzz.ci.gate import replay_gate
-from fuzz.ci.junit import write_junit
+from fuzz.ci.junit import write_ci_junit
 from fuzz.ci.locate import functions_under_test, locate, package_folder
 from fuzz.ci.model import CAMPAIGN, CORPUS, FLAKY, INTRODUCED, NEW, PRE_EXISTING, Checked, CiResult, Location
 from fuzz.ci.reproduce import rerun, settle
@@ -23,8 +23,8 @@ from fuzz.cli import main
 from fuzz.corpus.builtin import builtin_corpus
 from fuzz.corpus.store import entries
 from fuzz.targets.base import Execution, Outcome
-from fuzz.targets.common import capture
 from fuzz.targets.releases import TargetSource, resolve, worker_environment
+from fuzz.tracebacks import capture
 from fuzz.verdict.findings import Finding
 from tests.conftest import one_group, synthetic_info
 from tests.test_sarif import sarif_errors
@@ -99,7 +99,7 @@ def test_summary_shows_the_first_failures_in_full_and_lists_every_one():
 
 def test_junit_fails_only_what_fails_the_job(tmp_path):
     path = tmp_path / "junit.xml"
-    write_junit(path, result_of(checked(INTRODUCED, number=1), checked(PRE_EXISTING, number=2, message="RuntimeError: other 2"),
+    write_ci_junit(path, result_of(checked(INTRODUCED, number=1), checked(PRE_EXISTING, number=2, message="RuntimeError: other 2"),
                                 checked(FLAKY, number=3, message="RuntimeError: third 3")))
     suite = ET.parse(path).getroot()
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("5", "1", "2")
@@ -268,7 +268,7 @@ def assert_reports(out: Path) -> dict:
 @pytest.mark.slow
 @needs_vllm
 def test_installed_vllm_passes_with_the_shipped_corpus(tmp_path):
-    """The acceptance run, README's `kvfuzz ci --vllm installed` with a shorter budget (a budget bounds the campaign
+    """The acceptance run, docs/reference/ci.md's `kvfuzz ci --vllm installed` with a shorter budget (a budget bounds the campaign
     only: the gate, the reruns and the reports are the same): exits 0 with a summary, JUnit and valid SARIF."""
     status, out = run_ci(tmp_path, "--vllm", "installed", "--budget", "10")
     assert status == 0, (out / "stdout.txt").read_text()[-3000:]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fuzz.campaign.protocol import Task
 from fuzz.case import SpecCase
 from fuzz.ci.behaviour import Compared, moved_views
 from fuzz.ci.diff import IMPORT_TIME, ChangedFunction, changed_lines, diff_lines, locate_change, parse_unified, ranges_text
@@ -216,7 +217,7 @@ def test_directed_draws_lean_towards_the_policy_keep_an_undirected_share_and_are
         assert draw(info, 7, index, policy) == (case, was_directed)
     assert directed[True] > 2 * plain[True]
     assert 0.5 * UNDIRECTED < sides[False] / sum(sides.values()) < 2 * UNDIRECTED
-    task = {"seed": 7, "synthetic": True, "scale": "small", "policy": policy}
+    task = Task(batch=1, seed=7, start=0, count=8, synthetic=True, device="cpu", policy=policy).to_dict()
     assert Direction([]).redraw(info, task, 3) == draw(info, 7, 3, policy, touches=True)[0]
 
 

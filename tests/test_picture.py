@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import oracles
-from fuzz.case import from_dict, load
+from fuzz.case import from_dict
+from fuzz.corpus.file import load
 from fuzz.explain.picture import draw, parse_storage_error, text_diff
 from fuzz.targets.base import BufferRecord, Outcome, ViewRecord
 from fuzz.verdict.runner import CaseResult, run_case

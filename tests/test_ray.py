@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fuzz.campaign.engine import Campaign, CampaignOptions, Report
-from fuzz.case import load
+from fuzz.corpus.file import load
 from fuzz.errors import TargetError, UsageError
 from fuzz.targets import releases
 from tests.hostile import make_hostile_checkout, seed_meeting

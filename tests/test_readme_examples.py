@@ -1,6 +1,7 @@
-"""Every kvfuzz command line README.md shows parses with kvfuzz's own parser, and (slow) runs as shown.
+"""Every kvfuzz command line README.md and docs/reference/*.md show parses with kvfuzz's own parser, and (slow) runs as shown.
 
-Commands come from README's code blocks and inline code. Placeholders (FILE, SPEC, X.Y.Z, N|auto)
+Commands come from the pages' code blocks and inline code; the usage block of docs/reference/cli.md ("## Synopsis") is
+checked against the parser's options instead. Placeholders (FILE, SPEC, X.Y.Z, N|auto)
 become real values. A command that runs to its end must exit 0 or 1 with no error or traceback; a campaign
 is stopped a few seconds after its first progress line (its options, target and corpus all accepted).
 Commands that need what this machine lacks, or take minutes, are skipped with the reason.
@@ -23,6 +24,9 @@ from tests.test_entry_points import checkout_of_installed
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+REFERENCE = REPO / "docs" / "reference"
+CLI_REFERENCE = REFERENCE / "cli.md"
+SYNOPSIS = "## Synopsis"  # the heading above cli.md's usage block: one synopsis per subcommand
 FINDING = str(sorted((REPO / "corpus" / "findings").glob("*.json"))[0].relative_to(REPO))
 PLACEHOLDERS = {"FILE": FINDING, "CASE": FINDING, "SPEC": "installed", "X.Y.Z": "0.32.0", "N|auto": "2", "PATH": "corpus"}
 # Commands not run here, and why (matched on the start of the command).
@@ -40,13 +44,41 @@ STARTUP_SECONDS = 40.0  # a campaign still running this long after it started ha
 # all accepted by then.
 RUNNING = re.compile(r"kvfuzz: (\d+ cases, |target up in .* tracing the unmutated tree's cases|.*, atheris on \w+, seed )")
 RUNNING_SECONDS = 1.0
+CAMPAIGNS = ("run", "selftest", "ci", "mutate")  # commands that run until stopped; every other one runs to its end
+HARD_TIMEOUT = 900.0  # seconds any other command may take: a hang, not a slow machine
 
 
-def readme_commands() -> list[str]:
-    """kvfuzz example commands: lines of code blocks and inline code spans with arguments, not the CLI reference."""
-    text = README.read_text()
-    reference = text.index("## CLI reference")
-    text = text[:reference] + text[text.index("```", text.index("```", reference) + 3) + 3:]
+def pages() -> list[Path]:
+    """The pages that show kvfuzz commands: README.md and every page of docs/reference/."""
+    return [README, *sorted(REFERENCE.glob("*.md"))]
+
+
+def usage_block(text: str) -> tuple[int, int]:
+    """Where cli.md's usage block lies in its text: from its opening fence to past its closing one."""
+    start = text.index("```", text.index(SYNOPSIS))
+    return start, text.index("```", start + 3) + 3
+
+
+def examples_text(page: Path) -> str:
+    """The page's text without the usage block: what is left shows commands to run."""
+    text = page.read_text()
+    if page == CLI_REFERENCE:
+        start, end = usage_block(text)
+        text = text[:start] + text[end:]
+    return text
+
+
+def shown_commands() -> dict[str, str]:
+    """kvfuzz example commands, each with the first page that shows it (relative to the repository)."""
+    commands: dict[str, str] = {}
+    for page in pages():
+        for command in page_commands(examples_text(page)):
+            commands.setdefault(command, str(page.relative_to(REPO)))
+    return commands
+
+
+def page_commands(text: str) -> list[str]:
+    """kvfuzz example commands in one page's text: lines of code blocks and inline code spans with arguments."""
     found = []
     for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S) + re.findall(r"(?m)^((?: {4}.*\n)+)", text):
         found += [line.strip() for line in block.splitlines() if line.strip().startswith("kvfuzz ")]
@@ -61,10 +93,10 @@ def inline_spans(text: str) -> list[str]:
 
 
 def synopses() -> list[str]:
-    """Usage lines: the CLI reference block and inline synopses such as `kvfuzz ci --vllm SPEC|PATH [--budget S] ...`."""
-    text = README.read_text()
-    start = text.index("```", text.index("## CLI reference"))
-    block = text[start + 3:text.index("```", start + 3)]
+    """Usage lines: cli.md's usage block and inline synopses such as `kvfuzz ci --vllm SPEC|PATH [--budget S] ...` on every page."""
+    text = CLI_REFERENCE.read_text()
+    start, end = usage_block(text)
+    block = text[start + 3:end - 3]
     lines, current = [], ""
     for line in block.splitlines():
         if line.startswith("kvfuzz "):
@@ -72,7 +104,8 @@ def synopses() -> list[str]:
             current = line
         else:
             current += " " + line.strip()
-    return [line for line in lines + [current] if line.strip()] + [span for span in inline_spans(text) if "[--" in span]
+    inline = [span for page in pages() for span in inline_spans(examples_text(page)) if "[--" in span]
+    return [line for line in lines + [current] if line.strip()] + inline
 
 
 def argv_of(command: str) -> list[str]:
@@ -81,13 +114,19 @@ def argv_of(command: str) -> list[str]:
     return [PLACEHOLDERS.get(token, token) for token in tokens]
 
 
-COMMANDS = readme_commands()
+SHOWN = shown_commands()
+COMMANDS = list(SHOWN)
 
 
 def test_readme_shows_the_commands_it_should():
+    assert {page.name for page in pages()} >= {"README.md", "cli.md", "ci.md", "campaigns.md", "export.md", "verdicts.md"}
+    assert CLI_REFERENCE.read_text().count(SYNOPSIS) == 1
     subcommands = {command.split()[1] for command in COMMANDS}
     assert {"run", "replay", "explain", "ci", "selftest"} <= subcommands, COMMANDS
     assert "kvfuzz run --engine atheris" in COMMANDS and "kvfuzz replay --builtin-corpus" in COMMANDS
+    # The guide itself shows how to run, read, replay, guard a branch and hand a finding on, not only the reference pages.
+    guide = {command.split()[1] for command in page_commands(README.read_text())}
+    assert {"run", "replay", "explain", "bisect", "ci", "export", "report"} <= guide, guide
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -95,7 +134,7 @@ def test_readme_command_parses(command):
     try:
         _parser().parse_args(argv_of(command))
     except SystemExit as exit_:
-        pytest.fail(f"README's `{command}` does not parse (exit {exit_.code})")
+        pytest.fail(f"{SHOWN[command]}'s `{command}` does not parse (exit {exit_.code})")
 
 
 def test_usage_lines_name_only_options_that_exist():
@@ -103,14 +142,14 @@ def test_usage_lines_name_only_options_that_exist():
     lines = synopses()
     for line in lines:
         command = line.split()[1]
-        assert command in parsers, f"README names a subcommand kvfuzz lacks: {line}"
+        assert command in parsers, f"the docs name a subcommand kvfuzz lacks: {line}"
         unknown = set(re.findall(r"(--[a-z][a-z-]*)", line)) - set(parsers[command]._option_string_actions)
         assert not unknown, f"`{line}` names options kvfuzz {command} lacks: {sorted(unknown)}"
-    assert set(parsers) <= {line.split()[1] for line in lines}, "a subcommand is missing from the CLI reference"
+    assert set(parsers) <= {line.split()[1] for line in lines}, "a subcommand is missing from docs/reference/cli.md's synopsis"
 
 
 def test_atheris_without_workers_passes_its_option_check(monkeypatch):
-    """README's `kvfuzz run --engine atheris` (no --workers) reaches the engine; --workers 2 is refused before it."""
+    """The docs' `kvfuzz run --engine atheris` (no --workers) reaches the engine; --workers 2 is refused before it."""
     from fuzz.commands import _run_atheris
     from fuzz.engines import atheris_engine
     from fuzz.errors import UsageError
@@ -156,13 +195,14 @@ def test_readme_command_runs(command, tmp_path, request):
     if CHECKOUT in argv:
         argv[argv.index(CHECKOUT)] = str(request.getfixturevalue("checkout"))
     if argv[0] == "run" and "--corpus" not in argv:
-        argv += ["--corpus", str(tmp_path / "findings")]  # README's runs write to corpus/findings: not the repository's
+        argv += ["--corpus", str(tmp_path / "findings")]  # the docs' runs write to corpus/findings: not the repository's
     process = subprocess.Popen([sys.executable, "-m", "fuzz.cli", *argv], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
     reader.start()
-    deadline, running_since = time.monotonic() + STARTUP_SECONDS + 60, None
+    campaign = argv[0] in CAMPAIGNS
+    deadline, running_since = time.monotonic() + (STARTUP_SECONDS + 60 if campaign else HARD_TIMEOUT), None
     while process.poll() is None and time.monotonic() < deadline:
         if running_since is None and any(RUNNING.match(line) for line in list(lines)):
             running_since = time.monotonic()
@@ -179,4 +219,4 @@ def test_readme_command_runs(command, tmp_path, request):
     if not stopped:
         assert process.returncode in (0, 1), output[-2000:]
     else:
-        assert argv[0] in ("run", "selftest", "ci", "mutate"), f"only campaigns may outlast the limit: {output[-2000:]}"
+        assert campaign, f"only campaigns may outlast the limit: {output[-2000:]}"

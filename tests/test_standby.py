@@ -20,7 +20,7 @@ import pytest
 
 from fuzz.campaign import protocol, standby
 from fuzz.campaign.pool import Pool, RemoteTarget
-from fuzz.case import load
+from fuzz.corpus.file import load
 from fuzz.targets.releases import TargetSource, resolve
 from tests.processes import alive, children, wait_for
 
@@ -167,9 +167,8 @@ def test_a_second_pool_is_forked_from_the_standby_and_gets_the_same_answers(stan
         assert RemoteTarget(pool).execute(case, "cpu").to_dict() == cold
         key = pool.standby_key
     assert key in standby.running()
-    began = time.monotonic()
     with Pool(source, workers=1) as pool:
-        assert pool.warm and time.monotonic() - began < 5
+        assert pool.warm  # forked from the standby: no import of its own, however busy the machine
         zygote = pool.zygote.pid
         assert zygote in children(standby.running()[key])
         assert RemoteTarget(pool).execute(case, "cpu").to_dict() == cold

@@ -1,4 +1,5 @@
-"""scripts/surface_table.py: README's per-release surface table is what the kept `kvfuzz surface` maps generate."""
+"""scripts/surface_table.py: docs/reference/surface.md's per-release surface table is what the kept `kvfuzz surface` maps
+generate."""
 
 from __future__ import annotations
 
@@ -30,7 +31,11 @@ def survey(version: str, statuses: dict[str, str], lines: tuple[int, int] = (30,
                        "lines_of_driven": lines[1], "line_coverage": lines[0] / lines[1] if lines[1] else None}}
 
 
-def test_readme_table_is_what_the_kept_maps_generate():
+def test_the_pages_table_is_what_the_kept_maps_generate():
+    assert table.PAGE == REPO / "docs" / "reference" / "surface.md"
+    text = table.PAGE.read_text()
+    assert text.count(table.BEGIN) == 1 and text.count(table.END) == 1
+    assert table.BEGIN not in (REPO / "README.md").read_text()  # the table lives on its page, not in README
     maps = table.kept_maps()
     assert {m["version"] for m in maps} >= {"0.22.0", "0.28.0", "0.32.0", "0.34.0"}
     assert table.main(["--check"]) == 0
@@ -49,6 +54,6 @@ def test_rows_follow_release_order_and_name_each_driven_function():
     assert out.startswith("before\n") and out.endswith("after\n") and "stale" not in out
 
 
-def test_a_readme_without_the_markers_is_a_one_line_error():
+def test_a_page_without_the_markers_is_a_one_line_error():
     with pytest.raises(SystemExit, match="no surface table markers"):
         table.generate("no markers here", [])

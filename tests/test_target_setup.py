@@ -36,8 +36,8 @@ def test_a_vllm_spec_property_that_raises_when_kvfuzz_reads_it_is_vllm_failing()
 
     import vllm
 
-    from fuzz.targets.loader import load_local
     from fuzz.targets.base import Outcome
+    from fuzz.targets.loader import load_local
 
     target = load_local()
     interface = os.path.join(os.path.dirname(vllm.__file__), "v1", "kv_cache_interface.py")

@@ -1,5 +1,5 @@
 """examples/github/kvfuzz.yml: valid against GitHub's workflow schema (check-jsonschema's vendored copy),
-and wired as README says: pull requests on the KV-cache code, a nightly campaign, the CI corpus
+and wired as docs/reference/ci.md says: pull requests on the KV-cache code, a nightly campaign, the CI corpus
 cached, SARIF to code scanning, kvfuzz command lines kvfuzz itself accepts."""
 
 import importlib.util

@@ -66,10 +66,10 @@ def measure(target: Any, seed: int, count: int) -> dict[str, Any]:
     torch.set_num_threads(1)
     mix = case_mix(target, seed, count)
     device = torch.device("cpu")
-    calls = [target.prepare(case, device) for case in mix]
+    calls = [target.prepare(case, device).views for case in mix]
     results: dict[str, Any] = {"vllm_version": target.info.vllm_version, "generation": target.info.generation, "cases_in_mix": len(mix)}
     results["bare_reshape_per_s"] = rate(lambda i: calls[i](), len(calls))
-    results["bare_walk_per_s"] = rate(lambda i: target.prepare(mix[i], device)(), len(mix))
+    results["bare_walk_per_s"] = rate(lambda i: target.prepare(mix[i], device).views(), len(mix))
     results["pipeline_per_s"] = rate(lambda i: run_case(target, draw_or_skip(target, seed + 1, i), "cpu"), 10**9)
     results["pipeline_filled_buffers_per_s"] = filled_pipeline_rate(target, seed + 1)
     results["unfilled_vs_filled_buffers"] = results["pipeline_per_s"] / results["pipeline_filled_buffers_per_s"]
@@ -84,14 +84,14 @@ def measure(target: Any, seed: int, count: int) -> dict[str, Any]:
 def filled_pipeline_rate(target: Any, seed: int) -> float:
     """The same pipeline with every raw buffer zero-filled, as vLLM allocates it: the other side of leaving the buffers
     of a run that reads no byte unfilled (fuzz/targets/unfilled.py)."""
-    from fuzz.targets import common
+    from fuzz.targets import walker
 
-    unfilled = common.unfilled_buffers
-    common.unfilled_buffers = contextlib.nullcontext  # type: ignore[assignment]
+    unfilled = walker.unfilled_buffers
+    walker.unfilled_buffers = contextlib.nullcontext  # type: ignore[assignment]
     try:
         return rate(lambda i: run_case(target, draw_or_skip(target, seed, i), "cpu"), 10**9)
     finally:
-        common.unfilled_buffers = unfilled
+        walker.unfilled_buffers = unfilled
 
 
 def stages(target: Any, seed: int, count: int) -> dict[str, float]:
@@ -171,7 +171,7 @@ def peers(target: Any) -> dict[str, float]:
     def body(case: Case) -> None:
         count[0] += 1
         try:
-            views, raw, _ = target.prepare(target.declare(case), torch.device("cpu"))()
+            views, raw, _ = target.prepare(target.declare(case), torch.device("cpu")).views()
         except Exception:  # noqa: BLE001 - the peers only count cases, a crash is one too
             return
         assert all(v.untyped_storage().nbytes() <= sum(r.untyped_storage().nbytes() for r in raw) for v in views.values()
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cases", type=int, default=200)
     args = parser.parse_args(argv)
-    from fuzz.targets import load_local
+    from fuzz.targets.loader import load_local
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     print(json.dumps(measure(load_local(), args.seed, args.cases)), file=sys.stdout)

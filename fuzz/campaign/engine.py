@@ -21,7 +21,6 @@ it with an error in the report, after what was found is kept.
 from __future__ import annotations
 
 import hashlib
-import json
 import signal
 import time
 import uuid
@@ -34,18 +33,18 @@ from typing import Any
 from fuzz.campaign import protocol, stop
 from fuzz.campaign.pool import ANSWER_MARGIN, Loss, Pool
 from fuzz.case import Case, from_dict, to_dict
+from fuzz.corpus import file as corpus_file
 from fuzz.corpus import store as corpus
 from fuzz.corpus.minimize import shrink_finding
-from fuzz.errors import InternalError, TargetError
+from fuzz.errors import CaseError, InternalError, TargetError
 from fuzz.space import Rejected, draw_indexed
 from fuzz.targets.base import TargetInfo
-from fuzz.verdict.findings import PROCESS_KINDS, Finding, normalize, observed, variants_of
+from fuzz.verdict.findings import PROCESS_KINDS, RERUNS, Finding, normalize, observed, variants_of
 from fuzz.verdict.runner import run_case
 
 MIN_BATCH, MAX_BATCH = 8, 256
 STOP_GRACE = 2.0  # seconds the batches running at the deadline get to finish before they are stopped
 FIRST_CASES = 8  # kvfuzz's calls not fitting vLLM this often, before any case passed, stop the campaign
-RERUNS = {"hang": 2}  # fresh-worker reruns a process finding must fail in (1 for the other kinds)
 
 
 @dataclass
@@ -81,7 +80,7 @@ class Report:
     target: dict[str, Any]
     workers: int = 1
     cases: int = 0
-    elapsed_s: float = 0.0
+    elapsed_s: float = 0.0  # the campaign's own time, from when the target was ready: what --max-time bounds
     start_s: float | None = None  # from the command's start until the target's workers were ready (not in elapsed_s)
     verdicts: Counter[str] = field(default_factory=Counter)
     rejections: Counter[str] = field(default_factory=Counter)
@@ -121,6 +120,7 @@ class Report:
             "cases": self.cases,
             "elapsed_s": round(self.elapsed_s, 3),
             "start_s": None if self.start_s is None else round(self.start_s, 3),
+            "fuzz_s": round(self.elapsed_s, 3),  # the same as elapsed_s: fuzzing time, the start not counted
             "cases_per_s": round(self.cases_per_s, 1),
             "stop_reason": self.stop_reason,
             "error": self.error or None,
@@ -169,7 +169,7 @@ class CampaignOptions:
     # Shrinking a case that kills its worker costs a restart or a whole case timeout per candidate.
     shrink_seconds: float = 60.0
     known: frozenset[str] = frozenset()  # signatures not to report as new, beside those in corpus_dir
-    # When the campaign must be over (time.monotonic()); None: max_time after run() starts.
+    # When the campaign must be over (time.monotonic()); None: max_time after run() starts, the target already ready.
     deadline: float | None = None
 
 
@@ -308,11 +308,11 @@ class Campaign:
             return
         count = min(self.batch_size, self.options.max_cases - self.next_index)
         self.batch_counter += 1
-        task = {"campaign": self.id, "batch": self.batch_counter, "seed": self.options.seed, "start": self.next_index, "count": count,
-                "synthetic": self.options.synthetic, "device": self.options.device, "known": sorted(self.known),
-                "probe_every": self.options.probe_every, "probe_kind": self.options.probe_kind, "consumers_every": self.options.consumers_every,
-                "scale": self.options.scale, "max_buffer_bytes": self.options.max_buffer_bytes,
-                **(self.direction.task() if self.direction is not None else {})}
+        task = protocol.Task(self.batch_counter, self.options.seed, self.next_index, count, self.options.synthetic, self.options.device,
+                             campaign=self.id, known=tuple(sorted(self.known)), probe_every=self.options.probe_every,
+                             probe_kind=self.options.probe_kind, consumers_every=self.options.consumers_every, scale=self.options.scale,
+                             max_buffer_bytes=self.options.max_buffer_bytes,
+                             **(self.direction.task() if self.direction is not None else {})).to_dict()
         self.next_index += count
         self._hand(worker, task)
 
@@ -437,10 +437,10 @@ class Campaign:
                 continue
             wanted = variants_of(self.report.variants.get(record.finding.signature, {record.finding.variant}))
             try:
-                data = json.loads(record.path.read_text())
-                if data.get("variants") != wanted:
-                    corpus.write_atomic(record.path, {**data, "variants": wanted})
-            except (OSError, ValueError):
+                stored = corpus_file.read(record.path)
+                if stored.meta.get("variants") != wanted:
+                    stored.updated(variants=wanted).write()
+            except (OSError, CaseError):
                 continue  # the file as first written still holds the finding
 
     def _meta(self, finding: Finding, minimized: bool, confirmed: bool) -> dict[str, Any]:
@@ -506,7 +506,7 @@ class Campaign:
         kind = record.finding.kind
         gave: list[str] = []
         try:
-            for _ in range(RERUNS.get(kind, 1)):
+            for _ in range(RERUNS.of_kind(kind)):
                 if self._ending() or self._time_left() < self.case_timeout + ANSWER_MARGIN:
                     self._set_aside(record, "; ".join([*gave, "not rerun: the campaign ended first"]), keep=True)
                     return

@@ -6,27 +6,27 @@ that ended with an error (a target kvfuzz cannot call, a corpus it cannot write)
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from fuzz.junit import JUnitCase, Part, write_junit
 
-def write_junit(path: Path, report: dict[str, Any]) -> None:
-    findings, flaky, error = report["findings"], report.get("flaky", []), report.get("error")
-    suite = ET.Element("testsuite", name="kvfuzz", tests=str(1 + len(findings) + len(flaky)), failures=str(len(findings)),
-                       errors=str(int(bool(error))), skipped=str(len(flaky)), time=str(report["elapsed_s"]))
-    target = report["target"]
-    campaign = ET.SubElement(suite, "testcase", classname="kvfuzz.campaign", name=f"{target['label']} vLLM {target['vllm_version']}",
-                             time=str(report["elapsed_s"]))
-    ET.SubElement(campaign, "system-out").text = f"{report['cases']} cases, {report['cases_per_s']} cases/s, stopped by {report['stop_reason']}"
-    if error:
-        ET.SubElement(campaign, "error", message=error, type="kvfuzz")
-    for finding in findings:
-        case = ET.SubElement(suite, "testcase", classname=f"kvfuzz.{finding['kind']}", name=finding["signature"])
-        failure = ET.SubElement(case, "failure", message=finding["message"], type=finding["kind"])
+
+def write_campaign_junit(path: Path, report: dict[str, Any]) -> None:
+    write_junit(path, "kvfuzz", campaign_cases(report), str(report["elapsed_s"]))
+
+
+def campaign_cases(report: dict[str, Any]) -> list[JUnitCase]:
+    target, error = report["target"], report.get("error")
+    summary = Part("system-out", f"{report['cases']} cases, {report['cases_per_s']} cases/s, stopped by {report['stop_reason']}")
+    failed = (Part("error", message=error, type="kvfuzz"),) if error else ()
+    cases = [JUnitCase("kvfuzz.campaign", f"{target['label']} vLLM {target['vllm_version']}", (summary, *failed), str(report["elapsed_s"]))]
+    for finding in report["findings"]:
         where = finding["case_file"] or "not written (the JSON report holds the case)"
-        failure.text = f"case file: {where}\nreproduce: kvfuzz replay {where} --vllm {target['spec']}"
-    for entry in flaky:
-        case = ET.SubElement(suite, "testcase", classname=f"kvfuzz.{entry['kind']}", name=entry["signature"])
-        ET.SubElement(case, "skipped", message=f"{entry['status']}: {entry['rerun']}")
-    ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
+        text = f"case file: {where}\nreproduce: kvfuzz replay {where} --vllm {target['spec']}"
+        failure = Part("failure", text, finding["message"], finding["kind"])
+        cases.append(JUnitCase(f"kvfuzz.{finding['kind']}", finding["signature"], (failure,)))
+    for entry in report.get("flaky", []):
+        skipped = Part("skipped", message=f"{entry['status']}: {entry['rerun']}")
+        cases.append(JUnitCase(f"kvfuzz.{entry['kind']}", entry["signature"], (skipped,)))
+    return cases

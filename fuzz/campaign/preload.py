@@ -24,7 +24,6 @@ import contextlib
 import gc
 import hashlib
 import importlib
-import json
 import os
 import signal
 import subprocess
@@ -35,52 +34,17 @@ from pathlib import Path
 from typing import Any
 
 from fuzz.campaign import standby
+from fuzz.campaign.module_list import modules_file, overrides_file, record_modules, recorded_overrides
 
-OWN_PACKAGES = ("vllm", "fuzz", "oracles", "tests", "__main__", "__mp_main__")
+__all__ = ["modules_file", "overrides_file", "record_modules"]
+
 IMPORT_LIMIT = 120  # seconds the base may take to import the listed modules
-
-
-def modules_file() -> Path:
-    """The module list of this interpreter (one per interpreter: the dependencies installed beside it)."""
-    return standby.folder() / f"modules-{hashlib.blake2b(sys.executable.encode(), digest_size=8).hexdigest()}.txt"
-
-
-def overrides_file() -> Path:
-    """The variables vLLM's import sets, as a zygote of this interpreter saw them (`record_modules`)."""
-    return modules_file().with_suffix(".overrides.json")
-
-
-def record_modules(overrides: Mapping[str, str]) -> None:
-    """Called by a zygote that imported its target the slow way: the modules it imported that are neither vLLM's nor
-    kvfuzz's, in import order, and the environment variables the import set (`overrides`); each written once (the first
-    target's lists serve every other)."""
-    if not overrides_file().exists():
-        _write_whole(overrides_file(), json.dumps(dict(overrides), sort_keys=True))
-    path = modules_file()
-    if path.exists():
-        return
-    names = [name for name, module in list(sys.modules.items()) if module is not None and not name.startswith(OWN_PACKAGES)]
-    _write_whole(path, "\n".join(names) + "\n")
-
-
-def _write_whole(path: Path, text: str) -> None:
-    """`text` in `path`, which a reader finds whole or not at all."""
-    partial = path.with_name(f"{path.name}.{os.getpid()}")
-    partial.write_text(text)
-    partial.replace(path)
-
-
-def _overrides() -> dict[str, str]:
-    try:
-        return dict(json.loads(overrides_file().read_text()))
-    except (OSError, ValueError):
-        return {}
 
 
 def base_environment(env: Mapping[str, str], tree: str | None) -> dict[str, str]:
     """`env` without what only the target's import reads (its tree on PYTHONPATH, the VLLM_* variables,
     PYTHONDONTWRITEBYTECODE) and without the variables vLLM's import would set to the value they hold."""
-    overrides = _overrides()
+    overrides = recorded_overrides()
     kept = {name: value for name, value in env.items()
             if not name.startswith("VLLM_") and name != "PYTHONDONTWRITEBYTECODE" and overrides.get(name) != value}
     parts = [part for part in env.get("PYTHONPATH", "").split(os.pathsep) if part and part != tree]

@@ -20,6 +20,7 @@ import mmap
 import os
 import struct
 import time
+from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,39 @@ NAMES = frozenset({SPAWN, SHUTDOWN, READY, EXITED, FAILED, FUZZ, EXECUTE, ACK, S
 
 class ProtocolError(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class Task:
+    """A FUZZ batch: cases start .. start+count-1 of the campaign, each drawn from (seed, index) alone. Its defaults are
+    the only ones: the coordinator sends `to_dict()`, the worker reads `from_dict()`."""
+
+    batch: int
+    seed: int
+    start: int
+    count: int
+    synthetic: bool
+    device: str
+    campaign: str | None = None  # a worker outlives campaigns: a new one forgets the last one's findings
+    known: tuple[str, ...] = ()  # signatures the campaign has already: not reported again
+    probe_every: int = 0
+    probe_kind: str = "physical"
+    consumers_every: int | None = 0  # None: the worker's schedule decides where the deeper checks run
+    scale: str = "small"
+    max_buffer_bytes: int = 1 << 30
+    shrink_seconds: float = 60.0  # how long the worker may shrink a finding (the campaign's time left)
+    changed: list[dict[str, Any]] | None = None  # kvfuzz ci: the changed functions to trace (fuzz.ci.direct)
+    policy: dict[str, Any] | None = None  # kvfuzz ci: the directed draws' policy, once warmed up
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "known": list(self.known)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Task:
+        try:
+            return cls(**{**data, "known": tuple(data.get("known", ()))})
+        except TypeError as error:  # a missing or unknown field
+            raise ProtocolError(f"bad FUZZ task: {error}") from None
 
 
 def send(conn: Connection, name: str, payload: dict[str, Any] | None = None) -> None:

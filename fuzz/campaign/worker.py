@@ -71,7 +71,7 @@ def zygote_main(address: str, parent: int, max_memory: int, standby_key: str = "
 
 def load_and_serve(address: str, max_memory: int, standby_key: str, record: bool = True) -> None:
     """Import the target, report it, leave a standby of it, and serve its pool; `record`: list the dependencies it
-    imported for the base standby (fuzz/campaign/preload.py; a zygote forked from the base had them already)."""
+    imported for the base standby (fuzz/campaign/module_list.py; a zygote forked from the base had them already)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _limit_memory(max(max_memory, IMPORT_MEMORY) if max_memory > 0 else 0)
     control = connect(address)
@@ -84,7 +84,7 @@ def load_and_serve(address: str, max_memory: int, standby_key: str, record: bool
         protocol.send(control, protocol.FAILED, {"error": f"{type(error).__name__}: {error}".splitlines()[0][:400]})
         return
     if record and standby_key:
-        from fuzz.campaign.preload import record_modules
+        from fuzz.campaign.module_list import record_modules
 
         with contextlib.suppress(OSError):
             record_modules({name: value for name, value in os.environ.items() if before.get(name) != value})
@@ -219,7 +219,7 @@ class Worker:
             if name == protocol.STOP:
                 return
             if name == protocol.FUZZ:
-                self.fuzz(payload)
+                self.fuzz(protocol.Task.from_dict(payload))
             elif name == protocol.EXECUTE:
                 self.execute(payload)
 
@@ -234,31 +234,29 @@ class Worker:
         self.slot.finish()
         protocol.send(self.conn, protocol.EXECUTED, {"id": payload["id"], "execution": execution.to_dict()})
 
-    def fuzz(self, task: dict[str, Any]) -> None:
+    def fuzz(self, task: protocol.Task) -> None:
         """Cases start .. start+count-1 of the campaign, each drawn from (seed, index) alone."""
-        if task.get("campaign") != self.campaign:  # a worker outlives campaigns: forget the last one's findings
-            self.campaign, self.known, self.variants, self.schedule, self.reach = task.get("campaign"), set(), {}, None, None
-        self.known.update(task.get("known", ()))
+        if task.campaign != self.campaign:  # a worker outlives campaigns: forget the last one's findings
+            self.campaign, self.known, self.variants, self.schedule, self.reach = task.campaign, set(), {}, None, None
+        self.known.update(task.known)
         tallies: dict[str, Counter[str]] = {"verdicts": Counter(), "rejections": Counter(), "skips": Counter(), "errors": Counter(),
                                             "mismatches": Counter()}
         internal: dict[str, dict[str, Any]] = {}  # the first case of each kvfuzz error in this batch, saved by the coordinator
         variants: list[list[str]] = []  # (signature, spec kind, backend, layout) of each bug's variants first met in this batch
         began = time.monotonic()
         # Shrinking a finding here stops when the campaign's time does (counted from receipt: clocks of other machines differ).
-        shrink_until = began + task.get("shrink_seconds", 60.0)
-        batch, info = task["batch"], self.target.info
-        self.target.max_buffer_bytes = task.get("max_buffer_bytes", 1 << 30)  # type: ignore[attr-defined]
-        probe_every, probe_kind = task.get("probe_every", 0), task.get("probe_kind", "physical")
-        consumers_every = task.get("consumers_every", 0)
+        shrink_until = began + task.shrink_seconds
+        batch, info = task.batch, self.target.info
+        self.target.max_buffer_bytes = task.max_buffer_bytes  # type: ignore[attr-defined]
+        probe_every, probe_kind, consumers_every, scale = task.probe_every, task.probe_kind, task.consumers_every, task.scale
         if self.schedule is None:
             self.schedule = Schedule(self.target.checks())
         reach = self._reach(task)
-        for index in range(task["start"], task["start"] + task["count"]):
+        for index in range(task.start, task.start + task.count):
             self.slot.start(batch, index)
-            scale = task.get("scale", "small")
             try:
                 if reach is None:
-                    case = draw_indexed(info, task["seed"], index, synthetic=task["synthetic"], scale=scale, touches=True)
+                    case = draw_indexed(info, task.seed, index, synthetic=task.synthetic, scale=scale, touches=True)
                 else:
                     case = reach.draw(info, task, index)
             except Rejected:
@@ -275,7 +273,7 @@ class Worker:
                 case = for_run(case, consumers=bool(every) and index % every == 0 and scale == "small", kernel=probe == "kernel")
             # Production-size metadata runs describe their buffers on the meta device; everything
             # else allocates, up to the cap (the adapter skips larger cases).
-            device = "meta" if scale == "production" and not probe else task["device"]
+            device = "meta" if scale == "production" and not probe else task.device
             trace: str | None = None  # the traceback of kvfuzz's own error
             ran_from = time.perf_counter()
             if reach is not None:
@@ -319,20 +317,20 @@ class Worker:
                 self.known.add(finding.signature)
                 self._report(batch, index, case, finding.to_dict(), device, shrink_until)
         self.slot.finish()
-        protocol.send(self.conn, protocol.BATCH, {"batch": batch, "done": task["count"], "elapsed": time.monotonic() - began,
+        protocol.send(self.conn, protocol.BATCH, {"batch": batch, "done": task.count, "elapsed": time.monotonic() - began,
                                                   "internal": list(internal.values()), "variants": variants,
                                                   "checks": self.schedule.take_tallies(),
                                                   **({"reach": reach.report()} if reach is not None else {}),
                                                   **{k: dict(v) for k, v in tallies.items()}})
 
-    def _reach(self, task: dict[str, Any]) -> Any:
+    def _reach(self, task: protocol.Task) -> Any:
         """The changed lines' tracer and directed draws for this batch (None: the task names no changed functions)."""
-        if not task.get("changed"):
+        if not task.changed:
             return None
         if self.reach is None:
             from fuzz.ci.direct import WorkerReach
 
-            self.reach = WorkerReach(task["changed"])
+            self.reach = WorkerReach(task.changed)
         self.reach.begin()
         return self.reach
 

@@ -24,6 +24,7 @@ class KernelProbe:
     needs_views = True
     probe = "kernel"  # `--probe kernel` asks for it on every case
     kinds: dict[str, str] = {}  # noqa: RUF012 - its kinds are the comparator's (fuzz/verdict/findings.py)
+    warnings = ()
     exports = (Export(("kernel-crash",), "do_kv_cache_update", "fuzz.export.kernel_write:kernel_write_test"),)
     setting = None
     required_layout = None

@@ -30,6 +30,7 @@ class PlannerFit:
     needs_views = True
     probe = None
     kinds: dict[str, str] = {}  # noqa: RUF012 - planner-fit is one of the view path's kinds too (the attention-free plan)
+    warnings = ()
     exports: tuple[Export, ...] = ()
     setting = None
     required_layout = None

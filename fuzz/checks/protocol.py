@@ -83,8 +83,9 @@ class Check(Protocol):
     needs_views: bool
     # The `--probe` value that asks for it on every case whatever the case names, if any.
     probe: str | None
-    # Finding kinds of its own (kind -> what it means, one line), with their severity in SEVERITIES where not "error".
+    # Finding kinds of its own (kind -> what it means, one line), and those of them that are warnings (the rest are errors).
     kinds: dict[str, str]
+    warnings: tuple[str, ...]
     # Its export templates, if any.
     exports: tuple[Export, ...]
     # The vLLM option that switches its code on, in a user's words (a KV connector's --kv-transfer-config), and the cache
@@ -115,6 +116,7 @@ class TouchCheck:
     needs_views = True
     probe: str | None = None
     kinds: dict[str, str] = {}  # noqa: RUF012 - read only
+    warnings: tuple[str, ...] = ()
     exports: tuple[Export, ...] = ()
     setting: str | None = None
     required_layout: str | None = None

@@ -3,9 +3,10 @@ none. A check is judged in this order after the view path passed (the V1 runner'
 
 from __future__ import annotations
 
-from fuzz.checks import block_copy, cpu_zero, cpu_zeroer, kernel_probe, offload, planner_fit, v1_runner, zeroer
+from fuzz.checks import attention, block_copy, cpu_zero, cpu_zeroer, kernel_probe, nixl, offload, planner_fit, v1_runner, zeroer
 from fuzz.checks.protocol import Check
 from fuzz.targets.base import TargetInfo
+from fuzz.verdict import findings
 
 CHECKS: tuple[Check, ...] = (
     planner_fit.CHECK,
@@ -14,14 +15,19 @@ CHECKS: tuple[Check, ...] = (
     cpu_zeroer.CHECK,
     block_copy.CHECK,
     offload.CHECK,
+    nixl.CHECK,
     kernel_probe.CHECK,
+    attention.CHECK,
     v1_runner.CHECK,
 )
 BY_NAME: dict[str, Check] = {check.name: check for check in CHECKS}
-# The finding kinds the checks report beyond the view path's (fuzz/verdict/findings.py KINDS): kind -> what it means.
-KINDS: dict[str, str] = {kind: meaning for check in CHECKS for kind, meaning in check.kinds.items()}
+for _check in CHECKS:  # the finding kinds each check reports beyond the view path's, with their severities
+    findings.add_kinds(_check.kinds, _check.warnings)
 
 
 def offered_checks(info: TargetInfo) -> tuple[Check, ...]:
     """The checks a target offers, as its TargetInfo lists them (a target in another process)."""
     return tuple(check for check in CHECKS if check.name in info.checks)
+
+# Every finding kind, the view path's and the checks', with what each means and its severity.
+KINDS, DESCRIPTIONS, SEVERITY = findings.KINDS, findings.DESCRIPTIONS, findings.SEVERITY

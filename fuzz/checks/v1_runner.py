@@ -26,6 +26,7 @@ class V1Runner:
     needs_views = False  # judged where the V2 runner refuses the case too
     probe = None
     kinds: dict[str, str] = {}  # noqa: RUF012 - runner-mismatch is the comparator's kind (fuzz/verdict/findings.py)
+    warnings = ()
     exports = (Export(("runner-mismatch",), "GPUModelRunner.initialize_kv_cache_tensors", "fuzz.export.runner_compare:runner_compare_test"),)
     setting = None
     required_layout = None

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fuzz.campaign.protocol import Task
 from fuzz.case import Case, dumps
 from fuzz.ci.diff import ChangedFunction
 from fuzz.ci.model import DiffCoverage, FunctionCoverage
@@ -290,9 +291,9 @@ class WorkerReach:
     def begin(self) -> None:
         self.batch = BatchReach(self.tracer.functions, self.sent)
 
-    def draw(self, info: TargetInfo, task: dict[str, Any], index: int) -> Case:
-        self.drawn, self.directed, self.tape = draw_taped(info, task["seed"], index, task.get("policy"), synthetic=task["synthetic"],
-                                                          scale=task.get("scale", "small"), touches=True)
+    def draw(self, info: TargetInfo, task: Task, index: int) -> Case:
+        self.drawn, self.directed, self.tape = draw_taped(info, task.seed, index, task.policy, synthetic=task.synthetic, scale=task.scale,
+                                                          touches=True)
         return self.drawn
 
     def start(self) -> None:
@@ -356,9 +357,9 @@ class Direction:
                 self.samples.append(sample)
 
     def redraw(self, info: TargetInfo, task: dict[str, Any], index: int) -> Case:
-        """The case a task's worker ran at `index` (for a worker that died on it)."""
-        return draw(info, task["seed"], index, task.get("policy"), synthetic=task["synthetic"], scale=task.get("scale", "small"),
-                    touches=True)[0]
+        """The case a task's worker ran at `index` (for a worker that died on it); `task` as sent (Task.to_dict())."""
+        sent = Task.from_dict(task)
+        return draw(info, sent.seed, index, sent.policy, synthetic=sent.synthetic, scale=sent.scale, touches=True)[0]
 
     def executed(self, function: ChangedFunction) -> tuple[int, ...]:
         return tuple(line for line in function.lines if (function.path, line) in self.lines)

@@ -4,42 +4,37 @@ pre-existing or flaky. kvfuzz's own internal errors are one test case with an er
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from fuzz.ci.model import Bug, CiResult
 from fuzz.ci.present import differing_rows, origins_text, variants_text
+from fuzz.junit import JUnitCase, Part, write_junit
 
 
-def write_junit(path: Path, result: CiResult) -> None:
-    bugs = result.bugs
-    failing = [bug for bug in bugs if bug.fails_job]
-    errors = result.internal_errors
-    campaign = result.campaign
-    elapsed = str(campaign.get("elapsed_s", 0))
-    suite = ET.Element("testsuite", name="kvfuzz-ci", tests=str(2 + len(bugs) + bool(errors)), failures=str(len(failing)),
-                       errors=str(int(bool(errors))), skipped=str(len(bugs) - len(failing)), time=elapsed)
+def write_ci_junit(path: Path, result: CiResult) -> None:
+    write_junit(path, "kvfuzz-ci", ci_cases(result), str(result.campaign.get("elapsed_s", 0)))
+
+
+def ci_cases(result: CiResult) -> list[JUnitCase]:
+    campaign, errors = result.campaign, result.internal_errors
     label = f"{result.target['label']} vLLM {result.target['vllm_version']}"
-    gate = ET.SubElement(suite, "testcase", classname="kvfuzz.ci.gate", name=f"corpus replay on {label}")
-    ET.SubElement(gate, "system-out").text = ", ".join(f"{n} {status}" for status, n in sorted(result.gate.items()))
-    fuzz = ET.SubElement(suite, "testcase", classname="kvfuzz.ci.campaign", name=f"campaign on {label}", time=elapsed)
-    ET.SubElement(fuzz, "system-out").text = (f"{campaign.get('cases', 0)} cases, {campaign.get('cases_per_s', 0)} cases/s, "
-                                              f"stopped by {campaign.get('stop_reason', '-')}")
+    gate = Part("system-out", ", ".join(f"{n} {status}" for status, n in sorted(result.gate.items())))
+    fuzzed = Part("system-out", f"{campaign.get('cases', 0)} cases, {campaign.get('cases_per_s', 0)} cases/s, "
+                                f"stopped by {campaign.get('stop_reason', '-')}")
+    cases = [JUnitCase("kvfuzz.ci.gate", f"corpus replay on {label}", (gate,)),
+             JUnitCase("kvfuzz.ci.campaign", f"campaign on {label}", (fuzzed,), str(campaign.get("elapsed_s", 0)))]
     if errors:
-        internal = ET.SubElement(suite, "testcase", classname="kvfuzz.ci.internal", name="kvfuzz's own code")
-        ET.SubElement(internal, "error", message="kvfuzz internal error: the job failed because of kvfuzz, not the change",
-                      type="kvfuzz-internal-error").text = "\n\n".join(
-            f"{error.message} ({error.count}x; case {error.case_file or '-'})\n{error.traceback or ''}".rstrip() for error in errors)
-    for bug in bugs:
-        case = ET.SubElement(suite, "testcase", classname=f"kvfuzz.ci.{bug.kind}", name=bug.signature)
-        text = _text(bug, result)
-        message = f"{bug.status}: {bug.example.finding.message} ({len(bug.items)} case(s))"
-        if bug.fails_job:
-            ET.SubElement(case, "failure", message=message, type=bug.kind).text = text
-        else:
-            ET.SubElement(case, "skipped", message=message)
-            ET.SubElement(case, "system-out").text = text
-    ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
+        text = "\n\n".join(f"{e.message} ({e.count}x; case {e.case_file or '-'})\n{e.traceback or ''}".rstrip() for e in errors)
+        error = Part("error", text, "kvfuzz internal error: the job failed because of kvfuzz, not the change", "kvfuzz-internal-error")
+        cases.append(JUnitCase("kvfuzz.ci.internal", "kvfuzz's own code", (error,)))
+    return cases + [_bug_case(bug, result) for bug in result.bugs]
+
+
+def _bug_case(bug: Bug, result: CiResult) -> JUnitCase:
+    text = _text(bug, result)
+    message = f"{bug.status}: {bug.example.finding.message} ({len(bug.items)} case(s))"
+    parts = (Part("failure", text, message, bug.kind),) if bug.fails_job else (Part("skipped", message=message), Part("system-out", text))
+    return JUnitCase(f"kvfuzz.ci.{bug.kind}", bug.signature, parts)
 
 
 def _text(bug: Bug, result: CiResult) -> str:

@@ -248,9 +248,6 @@ class CiResult:
     coverage: DiffCoverage | None = None  # with --baseline: the change's lines and the cases that executed them
     behaviour: list[BehaviourChange] = field(default_factory=list)  # notes, not failures
 
-    def by_status(self, *statuses: str) -> list[Checked]:
-        return [item for item in self.checked if item.status in statuses]
-
     @property
     def bugs(self) -> list[Bug]:
         """The checked failures by signature; a run kvfuzz's own error stopped before their checks ended has none to show."""

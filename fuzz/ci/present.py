@@ -11,7 +11,6 @@ from fuzz.case import LAYOUT_EQUIVALENTS, Case, GroupCase, SpecCase
 from fuzz.ci.model import CAMPAIGN, CORPUS
 
 MAX_ROWS = 6  # differing tensors of `kvfuzz explain` shown inline; the full text follows collapsed
-SIDES = ("expected", "actual")
 # The spec fields every case names; the others are shown only when set.
 ALWAYS = ("block_size", "num_kv_heads", "head_size", "dtype")
 

@@ -12,9 +12,8 @@ from typing import Any
 from fuzz.campaign.pool import Pool, RemoteTarget
 from fuzz.ci.model import FLAKY, INTRODUCED, NEW, PRE_EXISTING, Checked
 from fuzz.targets.releases import TargetSource
+from fuzz.verdict.findings import RERUNS
 from fuzz.verdict.runner import CaseResult, run_case
-
-RERUNS = 2
 
 
 def verdict_text(result: CaseResult) -> str:
@@ -24,8 +23,8 @@ def verdict_text(result: CaseResult) -> str:
 
 def rerun(source: TargetSource, checked: list[Checked], device: str, open_pool: Callable[[TargetSource], Pool],
           first: Callable[[Checked, CaseResult, RemoteTarget], None]) -> None:
-    """Each failure once in each of RERUNS fresh processes; `first` sees each result of the first one."""
-    for round_ in range(RERUNS):
+    """Each failure once in each of RERUNS.ci fresh processes; `first` sees each result of the first one."""
+    for round_ in range(RERUNS.ci):
         with open_pool(source) as pool:
             target = RemoteTarget(pool)
             for item in checked:

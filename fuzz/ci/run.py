@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -18,6 +18,7 @@ from fuzz.ci.gate import replay_gate
 from fuzz.ci.locate import functions_under_test, locate, package_folder
 from fuzz.ci.model import CAMPAIGN, FLAKY, Checked, CiResult, InternalFailure
 from fuzz.ci.reproduce import describe, on_baseline, rerun, settle
+from fuzz.corpus import file as corpus_file
 from fuzz.corpus import store
 from fuzz.corpus.builtin import builtin_corpus
 from fuzz.corpus.store import Entry
@@ -65,7 +66,9 @@ def run_ci(options: CiOptions, out: TextIO) -> CiResult:
 def _run(options: CiOptions, source: TargetSource, baseline: TargetSource | None, shipped: list[Entry], kept: list[Entry],
          results: list[CiResult], out: TextIO) -> None:
     direction = _direction(options, source, baseline, out)
+    began = time.monotonic()
     with _pool(options, source, options.workers) as pool:
+        start_s = time.monotonic() - began
         result = CiResult(target=describe(pool), baseline={"spec": options.baseline} if options.baseline else None, corpus=options.corpus)
         results.append(result)
         target = result.target
@@ -75,6 +78,7 @@ def _run(options: CiOptions, source: TargetSource, baseline: TargetSource | None
         print(f"kvfuzz ci: corpus gate: {len(shipped) + len(kept)} cases: {_counts(result.gate)}", file=out, flush=True)
         # A signature the corpus holds is not news for the campaign: the gate has just replayed its case.
         report = _campaign(pool, options, frozenset(e.expected_signature for e in shipped if e.expected_signature), out, direction)
+        report.start_s = start_s
         branch = run_samples(RemoteTarget(pool), direction, options.device) if direction is not None and baseline is not None else []
     result.campaign = report.to_dict()
     new = [Checked(CAMPAIGN, record.path, _case(record.path), record.finding) for record in report.findings]
@@ -118,7 +122,7 @@ def _campaign(pool: Pool, options: CiOptions, known: frozenset[str], out: TextIO
     report = Campaign(pool, campaign_options, progress=progress, direction=direction).run()
     if progress is not None:
         progress.close(report)
-    print(f"kvfuzz ci: campaign: {report.cases} cases in {report.elapsed_s:.0f} s (seed {options.seed}), "
+    print(f"kvfuzz ci: campaign: {report.cases} cases in {report.elapsed_s:.0f} s of fuzzing (seed {options.seed}), "
           f"{len(report.findings)} new finding(s)", file=out, flush=True)
     return report
 
@@ -146,11 +150,9 @@ def record_verdicts(result: CiResult, corpus: Path) -> None:
     for item in result.checked:
         if item.origin != CAMPAIGN:
             continue
-        data = json.loads(item.path.read_text())
-        data["ci"] = {"status": item.status, "reruns": item.reruns, "baseline": (result.baseline or {}).get("spec"),
-                      "on_baseline": item.baseline}
+        ci = {"status": item.status, "reruns": item.reruns, "baseline": (result.baseline or {}).get("spec"), "on_baseline": item.baseline}
         path = corpus / "flaky" / item.path.name if item.status == FLAKY else item.path
-        store.write_atomic(path, data)
+        corpus_file.read(item.path).updated(ci=ci).write(path)
         if path != item.path:
             item.path.unlink(missing_ok=True)
             item.path = path
@@ -168,7 +170,7 @@ def _pool(options: CiOptions, source: TargetSource, workers: int = 1) -> Pool:
 
 
 def _case(path: Path) -> Case:
-    return next(store.entries(path)).case
+    return corpus_file.load(path)
 
 
 def _counts(tally: dict[str, int]) -> str:

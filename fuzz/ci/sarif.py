@@ -15,10 +15,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fuzz.checks.registry import DESCRIPTIONS, KINDS
 from fuzz.ci.diff import ranges
 from fuzz.ci.model import FLAKY, INTRODUCED, NEW, PRE_EXISTING, Bug, CiResult, Location
 from fuzz.ci.present import differing_rows, origins_text, variants_text
-from fuzz.verdict.findings import DESCRIPTIONS, KINDS
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 INFORMATION_URI = "https://github.com/kvfuzz/kvfuzz"

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 
 from fuzz.case import dumps
+from fuzz.checks.registry import DESCRIPTIONS
 from fuzz.ci.diff import ranges_text
 from fuzz.ci.model import FLAKY, INTRODUCED, NEW, PRE_EXISTING, STATUSES, BehaviourChange, Bug, Checked, CiResult, DiffCoverage, InternalFailure
 from fuzz.ci.present import differing_rows, export_command, origins_text, variants_text, vllm_terms
-from fuzz.verdict.findings import DESCRIPTIONS
 
 MAX_DETAILS = 20  # bugs shown in full (explain text, case); the tables list every one
 REPORT_URL = "https://github.com/kvfuzz/kvfuzz/issues"

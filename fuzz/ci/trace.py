@@ -47,9 +47,6 @@ class ChangeTracer:
         sys.settrace(self.previous)
         return self.hits
 
-    def function_of(self, path: str, line: int) -> ChangedFunction | None:
-        return next((f for f in self.functions if f.path == path and line in f.lines), None)
-
     def _call(self, frame: types.FrameType, event: str, arg: Any) -> Any:
         code = frame.f_code
         entry = self.codes.get(code, _UNKNOWN)

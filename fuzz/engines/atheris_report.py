@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from fuzz.case import Case, load
+from fuzz.case import Case
+from fuzz.corpus import file as corpus_file
 from fuzz.corpus import store as corpus
 from fuzz.engines.atheris_state import RunState
 from fuzz.engines.libfuzzer import libfuzzer_seed
@@ -56,10 +57,11 @@ def minimize_records(state: RunState, records: list[dict[str, Any]], budget: flo
                 return run_case(target, candidate, state.options["device"]).verdict.finding
 
             old = Path(record["path"])
-            small, smallest, _ = shrink_finding(load(old), finding, find, state.info, max_seconds=deadline - time.monotonic(),
+            stored = corpus_file.read(old)
+            small, smallest, _ = shrink_finding(stored.case, finding, find, state.info, max_seconds=deadline - time.monotonic(),
                                                 max_steps=MINIMIZE_STEPS["process" if finding.kind in PROCESS_KINDS else "value"])
             record["finding"] = smallest.to_dict()
-            meta = {k: v for k, v in json.loads(old.read_text()).items() if k not in ("case", "reproduce")}
+            meta = {k: v for k, v in stored.meta.items() if k != "reproduce"}
             path = corpus.save_finding(old.parent, small, {**meta, **record["finding"], "minimized": True})
             if path != old:
                 old.unlink(missing_ok=True)

@@ -12,13 +12,12 @@ asks the release the finding affects, once per contract, and a corpus file keeps
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from fuzz.case import Case, GroupCase
-from fuzz.corpus.store import write_atomic
+from fuzz.corpus.file import read
 from fuzz.errors import InternalError, TargetError
 from fuzz.export.finding import RELEASE_CONTRACTS, FindingFile, contract_of, version_key
 
@@ -143,6 +142,6 @@ def _recorded(finding: FindingFile, answers: dict[str, Declarations]) -> Finding
 
 def write_back(finding: FindingFile) -> None:
     """Keeps the finding's declarations in its corpus file (the other fields as they were)."""
-    data = json.loads(Path(finding.path).read_text())
-    if data.get(DECLARED) != finding.meta.get(DECLARED):
-        write_atomic(Path(finding.path), {**data, DECLARED: finding.meta[DECLARED]})
+    stored = read(Path(finding.path))
+    if stored.meta.get(DECLARED) != finding.meta.get(DECLARED):
+        stored.updated(**{DECLARED: finding.meta[DECLARED]}).write()

@@ -31,7 +31,6 @@ _NEGATED: dict[type[ast.cmpop], type[ast.cmpop]] = {
     ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE, ast.LtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
     ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is,
 }
-OPERATORS = ("swap-name", "off-by-one", "floordiv-mul", "drop-term", "min-max", "drop-raise", "permute-order", "flip-compare")
 
 
 @dataclass(frozen=True)

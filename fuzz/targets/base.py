@@ -175,6 +175,9 @@ class Outcome:
     checks: dict[str, Any] = field(default_factory=dict)
     # The blocks the planner's KVCacheConfig gives (the override's, or an attention-free model's own).
     planned_blocks: int | None = None
+    # Groups whose kernel block size vLLM picked against its own rule (oracles/contract.py kernel_block_size): group index ->
+    # [vLLM's size, the rule's]. The case is then judged at vLLM's sizes.
+    kernel_rule: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def raised(self) -> bool:
@@ -208,6 +211,7 @@ class Outcome:
             runner=data.get("runner", "v2"),
             checks=dict(data.get("checks", {})),
             planned_blocks=data.get("planned_blocks"),
+            kernel_rule={int(k): list(v) for k, v in data.get("kernel_rule", {}).items()},
         )
 
 

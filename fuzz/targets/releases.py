@@ -256,6 +256,16 @@ def _build(spec: str, version: str, entry: Path) -> None:
         _commit(tree, entry, version)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    compile_bytecode(entry)
+
+
+def compile_bytecode(entry: Path) -> bool:
+    """Compile the tree's bytecode once, in parallel, when it is fetched: the first target process of the release (a cold
+    start on a fresh machine) then reads it instead of compiling the modules it imports one by one. Compiled in place
+    after the commit, so the code objects carry the files' final paths; a failure only leaves the lazy compile."""
+    result = subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", str(entry / "vllm")], capture_output=True,
+                            check=False)
+    return result.returncode == 0
 
 
 def _commit(tree: Path, entry: Path, version: str) -> None:
@@ -327,11 +337,40 @@ def _download_wheel(spec: str, version: str, folder: Path) -> Path:
                 raise TargetError(f"--vllm {spec}: pip reported success but left no {package} wheel for version {version}")
             return wheels[0]
         if "no matching distribution" not in result.stderr.lower():
-            raise TargetError(f"--vllm {spec}: could not download {package} {version} (pip: {detail})")
+            raise FetchError(f"--vllm {spec}: could not download {package} {version} (pip: {detail})", package, version, detail)
         if "(from versions: none)" in result.stderr:
             detail += f"; the index listed no {package} versions at all: is it reachable?"
         missing.append(detail)
-    raise TargetError(f"--vllm {spec}: no {' or '.join(PACKAGES)} wheel for version {version} on the package index (pip: {missing[-1]})")
+    raise FetchError(f"--vllm {spec}: no {' or '.join(PACKAGES)} wheel for version {version} on the package index (pip: {missing[-1]})",
+                     PACKAGES[0], version, missing[-1])
+
+
+class FetchError(TargetError):
+    """A release's wheel could not be downloaded: the package index did not answer, or has no such wheel."""
+
+    def __init__(self, message: str, package: str, version: str, detail: str) -> None:
+        super().__init__(message)
+        self.package, self.version, self.detail = package, version, detail
+
+    def line(self) -> str:
+        """One line for a set-up step's log."""
+        return f"kvfuzz: cannot reach the package index to fetch {self.package} {self.version} ({self.detail})"
+
+
+def fetch_all(versions: list[str], jobs: int = 4) -> dict[str, TargetError]:
+    """Fetch every release of `versions` not in the cache yet, `jobs` at a time; the ones that failed, with why."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(version: str) -> TargetError | None:
+        try:
+            resolve(version)
+        except TargetError as error:
+            return error
+        return None
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        results = dict(zip(versions, pool.map(one, versions), strict=True))
+    return {version: error for version, error in results.items() if error is not None}
 
 
 def _extract(spec: str, wheel: Path, tree: Path) -> None:
@@ -436,3 +475,22 @@ def _version_key(text: str) -> Any:
         except InvalidVersion:
             pass
     return (1, tuple(int(number) for number in re.findall(r"\d+", text)))
+
+
+def _fetch_main(argv: list[str]) -> int:
+    """`python -m fuzz.targets.releases VERSION...`: fetch the releases in parallel (scripts/test.sh), one line per
+    release that could not be fetched; exit 0 whatever (the tests that need a missing release skip)."""
+    import time
+
+    began = time.monotonic()
+    failed = fetch_all(argv, jobs=min(8, len(argv) or 1))
+    for version, error in failed.items():
+        line = error.line() if isinstance(error, FetchError) else f"kvfuzz: cannot fetch vLLM {version} ({error})"
+        print(f"{line}; tests that need it are skipped", flush=True)
+    print(f"kvfuzz: {len(argv) - len(failed)} of {len(argv)} release(s) in the cache at {cache_root() / 'vllm'} "
+          f"({time.monotonic() - began:.1f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_fetch_main(sys.argv[1:]))

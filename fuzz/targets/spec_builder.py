@@ -36,6 +36,7 @@ import torch
 from fuzz.case import Case, GroupCase
 from fuzz.errors import Inexpressible, TargetError
 from fuzz.targets.entry_points import Probe
+from fuzz.targets.model_info import inspection_in_fork
 
 MODEL_DIR = Path(__file__).resolve().parent / "model"
 # What kvfuzz's MLA stand-in holds: every attribute MLAAttention.get_kv_cache_spec / get_attn_backend read in
@@ -163,7 +164,8 @@ class LayerSpecs:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             if not (MODEL_DIR / "config.json").is_file():  # vLLM would take the path for a hub repo id and retry for a minute
                 raise TargetError(f"kvfuzz is installed without its model configuration ({MODEL_DIR / 'config.json'})")
-            model = self.model_config(model=str(MODEL_DIR), dtype=model_dtype, skip_tokenizer_init=True)
+            with inspection_in_fork():
+                model = self.model_config(model=str(MODEL_DIR), dtype=model_dtype, skip_tokenizer_init=True)
             cfg = self._configs[model_dtype] = self.make_config(model_config=model, cache_config=self.cache_config(block_size=16))
         cfg.compilation_config.static_forward_context.clear()
         cfg.cache_config.block_size = block_size

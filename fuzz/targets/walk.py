@@ -31,6 +31,10 @@ def _no_replan(memory: int) -> Any:
     raise NotImplementedError("this walk's groups cannot be planned again")
 
 
+def _no_peer(case: Case) -> Walk:
+    raise NotImplementedError("this walk has no target to walk a peer's case")
+
+
 @dataclass
 class Walk:
     case: Case  # as declared
@@ -46,6 +50,9 @@ class Walk:
     replan: Callable[[int], Any] = field(default=_no_replan)
     # The case walked by another model runner ("v1"): its views' Outcome, an error in vLLM's code included.
     rerun: Callable[[str], Outcome] = field(default=_no_rerun)
+    # Another case walked on the same target, its own buffers (the other end of a transfer); raises Inexpressible where the
+    # target cannot run it.
+    walk_of: Callable[[Case], Walk] = field(default=_no_peer)
 
     @property
     def device(self) -> torch.device:

@@ -31,6 +31,7 @@ from fuzz.targets.spec_builder import LayerSpecs
 from fuzz.targets.unfilled import unfilled_buffers
 from fuzz.targets.walk import Walk
 from fuzz.tracebacks import capture, vllm_failure
+from oracles import kernel_choice
 
 # Plenty for any case kvfuzz draws; the block count itself comes from the override.
 AVAILABLE_MEMORY = 1 << 40
@@ -56,13 +57,21 @@ class Prepared:
     used: dict[int, int]  # kernel block size per group, as vLLM derives it for the views it binds
     views: Callable[[], Made]  # the V2 runner's call under test
     replan: Callable[[int], Any]  # the groups planned again from a memory, the block-count override unset
+    # Groups whose kernel block size vLLM picked against its own rule: index -> [vLLM's size, the rule's].
+    kernel_rule: dict[int, list[int]] = dataclasses.field(default_factory=dict)
 
 
-def check_derived_kernel_sizes(case: Case, used: dict[int, int], declared: Callable[[int], tuple[int | str, ...] | None]) -> None:
-    """A case states each group's kernel block size; vLLM derives it from the backend and the block size. A case that
-    disagrees with a size vLLM may pick (one the group's backend declares for its spec, dividing the block) is a wrong
-    case (CaseMismatch names the field and both values), not a finding about vLLM. A derived size that breaks the
-    backend's declaration or does not divide the block is vLLM's choice gone wrong: the views it builds are judged."""
+def check_derived_kernel_sizes(case: Case, used: dict[int, int],
+                               declared: Callable[[int], tuple[int | str, ...] | None]) -> dict[int, list[int]]:
+    """A case states each group's kernel block size: the one the contract's rule picks from what the backend declares
+    (oracles/contract.py `kernel_block_size`); vLLM derives its own. Where they differ:
+    - vLLM's size breaks the backend's declaration or does not divide the block: vLLM's choice gone wrong, and the views it
+      builds are judged against the case's size;
+    - vLLM's size is another declared size that divides the block, and the case's is the rule's: vLLM broke its own rule.
+      Returned (group index -> [vLLM's size, the rule's]): a finding of its own, and the views are judged at vLLM's size;
+    - otherwise the case states a size the rule does not pick (or the backend cannot say): the case is wrong
+      (CaseMismatch names the field and both values), not vLLM."""
+    broken: dict[int, list[int]] = {}
     for index, group in enumerate(case.groups):
         derived = used.get(index)
         stated = group.kernel_block_size or group.spec.block_size
@@ -71,8 +80,18 @@ def check_derived_kernel_sizes(case: Case, used: dict[int, int], declared: Calla
         sizes = declared(index)
         if sizes is not None and (group.spec.block_size % derived or not accepts(sizes, derived)):
             continue
+        if sizes is not None and kernel_choice.picked_against_rule(group.spec.block_size, sizes, derived) == stated:
+            broken[index] = [derived, stated]
+            continue
         raise CaseMismatch(f"groups[{index}].kernel_block_size: the case says {stated}, vLLM derives {derived} "
                            f"for {group.backend_name} and block size {group.spec.block_size}")
+    return broken
+
+
+def at_kernel_sizes(case: Case, sizes: dict[int, list[int]]) -> Case:
+    """The case with the kernel block size vLLM picked for each group in `sizes` (group index -> [vLLM's, the rule's])."""
+    groups = tuple(replace(group, kernel_block_size=sizes[index][0]) if index in sizes else group for index, group in enumerate(case.groups))
+    return replace(case, groups=groups)
 
 
 def stated_kernel_sizes_declared(case: Case, attn_groups: list[list[Any]]) -> bool:
@@ -194,6 +213,8 @@ class Walker:
             return Execution(declared, case_error=str(error))
         except Inexpressible as error:
             return Execution(declared, skipped=str(error))
+        if outcome.kernel_rule:  # vLLM picked other kernel block sizes than its rule: its views are judged at its own sizes
+            declared = at_kernel_sizes(declared, outcome.kernel_rule)
         alone = [check for check in wanted if not check.needs_views]
         if alone and device != "meta":
             walk = Walk.of_case(declared, self.config, lambda other: self.runner_outcome(declared, torch.device(device), probe, other, []))
@@ -238,7 +259,7 @@ class Walker:
             else:
                 made = prepared.views()
         outcome = replace(self.record(made.views, made.raw, dict(case.kv_sharing), prepared.used),
-                          planned_blocks=int(prepared.config.num_blocks))
+                          planned_blocks=int(prepared.config.num_blocks), kernel_rule=prepared.kernel_rule)
         if device.type == "meta":
             return outcome
         if kind == "physical":
@@ -248,7 +269,8 @@ class Walker:
                 return replace(outcome, checks={c.name: {"skipped": "a view addresses bytes outside its raw buffer"} for c in checks})
             walk = Walk(case=case, config=prepared.config, attn_groups=prepared.attn_groups, kernel_block_sizes=prepared.kernel_block_sizes,
                         manager_views=made.manager_views if made.manager_views is not None else made.views, bound_views=made.views,
-                        raw=made.raw, runners=self.walk_runners(), vllm_config=self.config, replan=prepared.replan)
+                        raw=made.raw, runners=self.walk_runners(), vllm_config=self.config, replan=prepared.replan,
+                        walk_of=lambda other: self.peer_walk(other, device.type, case))
             outcome = replace(outcome, checks=self.run_checks(checks, walk))
         return outcome
 
@@ -272,6 +294,15 @@ class Walker:
                                                          "line": failure.error_line}}
         return records
 
+    def peer_walk(self, case: Case, device: str, walking: Case) -> Walk:
+        """`case` walked beside the walk of `walking` (the other end of a transfer), the shared config left as `walking`'s
+        walk set it (the block-count override, the layout) for the checks that run after."""
+        try:
+            return self.walk(case, device)
+        finally:
+            self.config.cache_config.num_gpu_blocks_override = walking.num_blocks
+            self.configure_layout(walking.layout)
+
     def walk(self, case: Case, device: str = "cpu") -> Walk:
         """The V2 runner's walk of a case, views built, for a check run by hand (tests, exports); raises Inexpressible
         where the target cannot run the case."""
@@ -284,7 +315,8 @@ class Walker:
             made = prepared.views()
         return Walk(case=declared, config=prepared.config, attn_groups=prepared.attn_groups, kernel_block_sizes=prepared.kernel_block_sizes,
                     manager_views=made.manager_views if made.manager_views is not None else made.views, bound_views=made.views,
-                    raw=made.raw, runners=self.walk_runners(), vllm_config=self.config, replan=prepared.replan)
+                    raw=made.raw, runners=self.walk_runners(), vllm_config=self.config, replan=prepared.replan,
+                    walk_of=lambda other: self.peer_walk(other, device, declared))
 
     def walk_runners(self) -> tuple[str, ...]:
         """The model runners whose own initialisation builds this adapter's views (fuzz/targets/consumers.py)."""
@@ -313,7 +345,7 @@ class Walker:
                        for index, (group, spec) in enumerate(zip(case.groups, specs, strict=True))]
         if "kernel-block choice" in self.off:
             kernel_block_sizes = [g.kernel_block_size or g.spec.block_size for g in case.groups if g.spec.kind != "encoder_only"]
-            used = dict(enumerate(kernel_block_sizes))
+            used, broken = dict(enumerate(kernel_block_sizes)), {}
         else:
             try:
                 kernel_block_sizes = self.kernel_choice(config, attn_groups)  # type: ignore[misc]
@@ -323,10 +355,10 @@ class Walker:
                     raise  # vLLM refuses a size the backend declares: judged as vLLM's refusal
                 stated = [g.kernel_block_size or g.spec.block_size for g in case.groups]
                 raise CaseMismatch(f"kernel_block_size: the case says {stated}, vLLM derives none ({error})".splitlines()[0]) from None
-            check_derived_kernel_sizes(case, used, lambda index: declared_kernel_sizes(attn_groups, index))
+            broken = check_derived_kernel_sizes(case, used, lambda index: declared_kernel_sizes(attn_groups, index))
         return Prepared(config, attn_groups, kernel_block_sizes, used,
                         lambda: self.make_views(case, config, attn_groups, kernel_block_sizes, device),
-                        lambda memory: self.replan(case, self.group_specs(case, group_specs), memory))
+                        lambda memory: self.replan(case, self.group_specs(case, group_specs), memory), broken)
 
     @contextlib.contextmanager
     def packing(self, case: Case) -> Iterator[None]:

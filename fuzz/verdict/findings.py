@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from fuzz.case import Case, names_in_messages
 
-KINDS = (
+KINDS = [
     "crash-signal",
     "hang",
     "oom",
@@ -42,7 +42,8 @@ KINDS = (
     "kernel-miss",
     "kernel-order",
     "planner-fit",
-)
+    "kernel-block-choice",
+]
 
 # What each kind means, in one line (SARIF rules, reports).
 DESCRIPTIONS = {
@@ -78,17 +79,44 @@ DESCRIPTIONS = {
     "kernel-escape": "A backend's cache write put bytes outside the written token's block or head.",
     "kernel-miss": "A backend's cache write left elements of the token unwritten.",
     "kernel-order": "A backend's cache write put an element elsewhere in its block than the layout places it.",
+    "kernel-block-choice": ("vLLM picked another kernel block size than its own rule (the manager block where the backend takes it, else "
+                            "the largest declared size dividing it); the views at its size are right, so it costs speed, not bytes."),
     "planner-fit": ("Planned from memory (no block-count override), the cache holds not the blocks the memory fits, or tensors of other "
                     "sizes; or planned with the override, not its blocks (an attention-free model: not the one null block)."),
 }
 
 PROCESS_KINDS = ("crash-signal", "hang", "oom")  # the target process died, hung or ran out of memory
 
+
+@dataclass(frozen=True)
+class Reruns:
+    """How many fresh processes a failure must fail in again before it counts."""
+
+    ci: int = 2  # `kvfuzz ci`: every failure, whatever its kind (fewer than all: flaky)
+    process: tuple[tuple[str, int], ...] = (("hang", 2),)  # a campaign: a process finding of this kind (the other kinds: 1)
+
+    def of_kind(self, kind: str) -> int:
+        return dict(self.process).get(kind, 1)
+
+
+RERUNS = Reruns()
+
 # How bad a kind is: "error" (vLLM builds or crashes on something wrong) or "warning" (vLLM refuses
 # a case the contract expresses, or refuses an inexpressible one by an assertion instead of the
 # ValueError it promises). A campaign's --fail-on decides which severities fail it.
 SEVERITIES = ("warning", "error")
-SEVERITY = {kind: "warning" if kind in ("refused-valid", "assert-on-invalid") else "error" for kind in KINDS}
+WARNINGS = ("refused-valid", "assert-on-invalid", "kernel-block-choice")
+SEVERITY = {kind: "warning" if kind in WARNINGS else "error" for kind in KINDS}
+
+
+def add_kinds(meanings: Mapping[str, str], warnings: Iterable[str] = ()) -> None:
+    """The finding kinds a deeper check reports beyond these, with what each means and which are warnings (the registry,
+    fuzz/checks/registry.py, adds every check's when it is imported)."""
+    for kind, meaning in meanings.items():
+        if kind not in KINDS:
+            KINDS.append(kind)
+        DESCRIPTIONS[kind] = meaning
+        SEVERITY[kind] = "warning" if kind in set(warnings) else "error"
 
 _NUMBERS = re.compile(r"\d+")
 _CONSTANT = re.compile(r"(?<![\w:<])[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+(?![\w:>])")

@@ -10,9 +10,11 @@ from fuzz.case import Case
 from fuzz.targets.base import Outcome
 from fuzz.verdict import probe
 from fuzz.verdict.compare import PROCESS_FAILURES, Verdict, compare
-from fuzz.verdict.findings import observed
+from fuzz.verdict.findings import Finding, observed
 from fuzz.verdict.specs import check_specs
 from oracles.expectation import Expectation
+
+KERNEL_CHOICE = "select_common_block_size"  # where vLLM's kernel block size rule lives (vllm/v1/worker/utils.py)
 
 
 @dataclass(frozen=True)
@@ -37,4 +39,17 @@ def judge_views(case: Case, outcome: Outcome, contract: oracles.Contract) -> Jud
         if difference is not None:
             layer = difference.split(":")[0]
             verdict = Verdict("finding", observed(case, "probe-mismatch", "physical-probe", difference, layer))
+    if verdict.status == "pass" and outcome.kernel_rule:
+        verdict = Verdict("finding", kernel_rule_broken(case, outcome.kernel_rule))
     return Judged(verdict, expectation)
+
+
+def kernel_rule_broken(case: Case, broken: dict[int, list[int]]) -> Finding:
+    """vLLM picked a kernel block size its rule does not (oracles/contract.py kernel_block_size) and built right views at
+    it: smaller kernel blocks than the rule's cost speed (more block-table entries, smaller tiles), not correctness."""
+    index = min(broken)
+    picked, rule = broken[index]
+    group = case.groups[index]
+    message = (f"for {group.spec.block_size}-token blocks on {group.backend_name} vLLM picks {picked}-token kernel blocks; its rule "
+               f"picks {rule} (the block itself where the backend takes it, else the largest declared size dividing it)")
+    return observed(case, "kernel-block-choice", KERNEL_CHOICE, message, group.layers[0] if group.layers else None)
