@@ -25,8 +25,12 @@ class Zeroer(TouchCheck):
     exports = (Export(("crash-on-valid", "refused-valid"), "__init__", "fuzz.export.zeroer_init:zeroer_init_test"),
                Export(("zero-miss", "zero-escape"), "zero_block_ids", "fuzz.export.triton_zero:triton_zero_test"))
 
+    role = "block zeroer"  # its entry point (fuzz/targets/entry_points.py)
+    called_as = r"(?<![A-Za-z])KVBlockZeroer\("  # how a model runner's code builds it
+    kernel: str | None = "_zero_kv_blocks_kernel"  # the Triton kernel it launches
+
     def offer(self, probe: Probe) -> Run | None:
-        found = probe.find("block zeroer")
+        found = probe.find(self.role)
         if found is None:
             return None
         from fuzz.targets import consumers, triton_interp  # torch and vLLM: the worker's, never the coordinator's
@@ -35,15 +39,15 @@ class Zeroer(TouchCheck):
 
         def zero(walk: Walk, touches: Touches) -> Record:
             consumers.zeroing_needed(walk)
-            try:
-                triton_interp.runnable(found.module, ("_zero_kv_blocks_kernel",))
-            except triton_interp.Unavailable as why:
-                raise Unusable(f"{found.where}: its kernel cannot run here ({why})") from None
+            if self.kernel is not None:
+                try:
+                    triton_interp.runnable(found.module, (self.kernel,))
+                except triton_interp.Unavailable as why:
+                    raise Unusable(f"{found.where}: its kernel cannot run here ({why})") from None
             zeroer = consumers.build_zeroer(cls, walk, consumers.forward_context(walk, mla, consumers.layer_backends(walk)))
             return consumers.zero_records(walk, touches, zeroer.zero_block_ids)
 
-        users = consumers.runners_calling(r"(?<![A-Za-z])KVBlockZeroer\(")
-        return consumers.consumer_run("zeroing", found.where + ".zero_block_ids", users, zero)
+        return consumers.consumer_run("zeroing", found.where + ".zero_block_ids", consumers.runners_calling(self.called_as), zero)
 
     def unrealistic(self, case: Case) -> str | None:
         return None if when.zeroes(case) else when.ZEROING_RULE

@@ -10,6 +10,7 @@ from fuzz.case import Case, SpecCase, layout_as, replace
 from fuzz.space import choose_kernel_block_size, layer_reason, layout_reason, packing_reason, record_reason
 from fuzz.targets.base import TargetInfo
 from fuzz.targets.catalog import FIELD_DEFAULTS
+from fuzz.targets.entry_points import Probe
 from oracles import pages
 
 
@@ -17,6 +18,7 @@ class Expressible:
     """The part of an adapter that translates a case into the release's terms and says why it cannot run one."""
 
     info: TargetInfo
+    probe: Probe
     off: dict[str, str]
     backend_classes: dict[str, type]
     refused_on_gpus: dict[str, frozenset[str]]
@@ -54,7 +56,7 @@ class Expressible:
         if reason is not None:
             return reason
         if case.runner != "v2" and "v1" not in info.runners:
-            return f"field runner: {self.off.get('v1 runner', 'no V1 model runner')}"
+            return f"field runner: {self.probe.missing('V1 runner')}; cases for the V1 model runner are not drawn"
         if case.packing not in info.packings:
             return (f"field packing: vLLM {info.vllm_version} packs no {case.packing} slabs "
                     "(from 0.29 block-outermost layouts are the packed form)")
