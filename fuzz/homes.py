@@ -28,6 +28,7 @@ HOMES: dict[str, tuple[str, ...]] = {
     "CPUKVBlockZeroer": ("vllm.v1.worker.cpu.utils",),
     "CPUModelRunner": ("vllm.v1.worker.cpu_model_runner",),
     "copy_kv_cache_blocks_inplace": (WORKER_UTILS,),
+    "NixlConnectorWorker": (f"{CONNECTORS}.nixl.worker", f"{CONNECTORS}.nixl_connector"),
     "OffloadingConnectorWorker": (f"{CONNECTORS}.offloading.worker", f"{CONNECTORS}.offloading_connector"),
     "_allocate_kv_cache": (ATTN_UTILS,),
     "_reshape_kv_cache": (ATTN_UTILS,),

@@ -17,6 +17,9 @@ set -euo pipefail
 bundle=${1:?usage: gpu_check.sh BUNDLE.tar.gz [--device cuda] [--max-time SECONDS] [selftest options]}
 shift
 python=${PYTHON:-python3}
+# The attention read-back reads FLEX_ATTENTION's forward too (compiled for the device; a campaign on the CPU leaves it
+# out, fuzz/checks/attention.py).
+export KVFUZZ_READ_FLEX=${KVFUZZ_READ_FLEX:-1}
 [[ -f $bundle ]] || { echo "gpu_check: no bundle at $bundle" >&2; exit 2; }
 "$python" -c "import torch, numpy" 2>/dev/null || { echo "gpu_check: $python cannot import torch and numpy" >&2; exit 2; }
 

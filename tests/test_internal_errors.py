@@ -179,7 +179,7 @@ import sys as _sys
 
 @_functools.wraps(_real)
 def _chaos_wrapper(*args, **kwargs):
-    _sys.modules["fuzz.targets.common"].DTYPE_NAMES = []
+    _sys.modules["fuzz.targets.walker"].DTYPE_NAMES = []
     return _real(*args, **kwargs)
 '''
 
@@ -200,9 +200,9 @@ def test_kvfuzz_code_raising_in_a_worker_is_reported_with_its_traceback_kept_and
     assert result.returncode == 2, result
     report = json.loads(report_file.read_text())
     [entry] = [e for e in report["internal_error_details"] if "record_view" in e["error"]]
-    assert entry["error"].startswith("AttributeError: 'list' object has no attribute 'get' (kvfuzz: fuzz/targets/common.py:")
+    assert entry["error"].startswith("AttributeError: 'list' object has no attribute 'get' (kvfuzz: fuzz/targets/walker.py:")
     assert entry["error"].endswith(" record_view)") and "vLLM:" not in entry["error"]
-    assert 'fuzz/targets/common.py", line' in entry["traceback"] and "in record_view" in entry["traceback"]
+    assert 'fuzz/targets/walker.py", line' in entry["traceback"] and "in record_view" in entry["traceback"]
     assert f"kvfuzz internal error ({entry['count']}x, please report): {entry['error']}" in result.stdout
     kept = json.loads(Path(entry["case_file"]).read_text())
     assert kept["traceback"] == entry["traceback"] and kept["error"] == entry["error"]

@@ -52,7 +52,7 @@ import numpy as np
 
 import oracles
 from fuzz.case import MLA_KINDS, Case, dumps, from_dict, replace, to_dict
-from fuzz.checks.protocol import Judging, Off, Record, Run, TouchCheck, Unusable
+from fuzz.checks.protocol import Export, Judging, Off, Record, Run, TouchCheck, Unusable
 from fuzz.verdict.findings import Finding, observed
 from oracles import transfer
 
@@ -603,6 +603,8 @@ class NixlCheck(TouchCheck):
     """NIXL's register_kv_caches at its transport (see the module's doc)."""
 
     name = "nixl"
+    exports = (Export(("crash-on-valid", "refused-valid"), "register_kv_caches", "fuzz.export.nixl:nixl_test"),)
+    setting = "--kv-transfer-config '{\"kv_connector\": \"NixlConnector\", \"kv_role\": \"kv_both\"}'"
     reads_buffers = False  # registration reads no byte of the caches (a played transfer fills both ends itself)
     kinds = {
         "transfer-mismatch": "a transfer descriptor covers bytes other than its block's content, or leaves some of a block's content uncovered",

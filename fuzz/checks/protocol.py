@@ -2,7 +2,7 @@
 
 A deeper check runs vLLM code beyond the view path (a block zeroer, a connector's registration, a cache write, the
 planner asked again) on the walk that built a case's views, and judges what that code did against the oracle. It lives
-in one module under fuzz/checks/ and is listed once in CHECKS (fuzz/checks/__init__.py); nothing outside fuzz/checks/
+in one module under fuzz/checks/ and is listed once in CHECKS (fuzz/checks/registry.py); nothing outside fuzz/checks/
 names it. Its parts, in the order a case meets them:
 
 - `offer(probe)`: on the target, once: the function that runs it on this vLLM (found through the entry-point probe),
@@ -12,7 +12,10 @@ names it. Its parts, in the order a case meets them:
 - the run (in the worker, on the walk): plain JSON, never vLLM or torch objects. It raises `Unusable` to skip (a record
   that says why, never a finding); an exception raised in vLLM's code becomes an `error` record, judged by the check;
 - `judge(judging, record)`: the finding, or None;
-- `kinds`: the finding kinds it reports that the view path does not, each with its one-line meaning.
+- `kinds`, `warnings`: the finding kinds it reports that the view path does not, each with its one-line meaning, and
+  which of them are warnings;
+- `exports`, `setting`, `required_layout`: its export templates, the vLLM option that switches its code on, and the
+  layout that code asks vLLM for.
 
 A check whose name a case lists in `touches.consumers` (`drawn`) is drawn by the generator on cases where vLLM runs its
 code (`unrealistic(case)` is None; otherwise it says why vLLM never does); the others are asked by the case's shape.
@@ -74,7 +77,7 @@ class Judging:
 
 class Check(Protocol):
     name: str
-    # The check's name may be drawn into a case's touches.consumers (the generator asks `drawable`).
+    # The check's name may be drawn into a case's touches.consumers (where `unrealistic` says vLLM runs its code).
     drawn: bool
     # It, or the vLLM code it drives, may read bytes of the raw buffers nobody wrote: they must come zeroed, as vLLM
     # allocates them (a check that fills every buffer first, or reads none, leaves them unfilled: a faster walk).

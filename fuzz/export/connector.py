@@ -34,11 +34,14 @@ RECORDING_SPEC = '''
         if "kv_cache_config" in inspect.signature(OffloadingConnectorWorker).parameters:
             return OffloadingConnectorWorker(spec, vllm_config, kv_cache_config)
         return OffloadingConnectorWorker(spec)
+'''
 
-
+# Connectors ask the layers of the config's forward context for their attention backends (the offloading connector on
+# 0.19 - 0.22, NIXL's worker).
+FORWARD_CONTEXT_LAYERS = '''
     def layers_in_forward_context(vllm_config, backends):
-        """vLLM 0.19 - 0.22's connector asks each layer of the config's forward context for its attention backend: put the
-        model's layers there (later releases read no layer)."""
+        """Put the model's layers in the config's forward context, each answering with its attention backend, as a connector
+        that asks them expects."""
         for name, backend in backends.items():
             layer = type("ModelLayer", (AttentionLayerBase,), {"get_attn_backend": lambda self, backend=backend: backend,
                                                                "get_kv_cache_spec": lambda self, vllm_config: None,
@@ -119,7 +122,8 @@ def connector_test(finding: FindingFile, reach: Reach | None, check: Check) -> M
     blocks = list(case.touches.blocks) if case.touches and case.touches.blocks else list(range(case.num_blocks))
     module.add(walks.constants(finding, groups) + f"\nBLOCKS = {blocks}  # the blocks whose regions are checked")
     module.add(BYTE_HELPERS)
-    module.add(RECORDING_SPEC, "OffloadingConnectorWorker", "AttentionLayerBase")
+    module.add(RECORDING_SPEC, "OffloadingConnectorWorker")
+    module.add(FORWARD_CONTEXT_LAYERS, "AttentionLayerBase")
     if groups is None:
         module.add(AS_LIST)
     name = "test_offloading_connector_registers_each_block_exactly"

@@ -67,7 +67,10 @@ def _template(finding: FindingFile) -> tuple[Template, str]:
     for kinds, function, template in TEMPLATES:
         if finding.kind in kinds and finding.function == function:
             return template, ""
+    named = finding.case.touches.consumers if finding.case.touches else ()
     for check in CHECKS:
+        if check.drawn and check.name not in named:
+            continue  # a check the case does not name found nothing in it
         for export in check.exports:
             if finding.kind in export.kinds and finding.function == export.function:
                 module, name = export.template.split(":")

@@ -1,0 +1,113 @@
+"""Template: NIXL's worker registering the caches of a model vLLM runs (`crash-on-valid` / `refused-valid` raised by its
+`register_kv_caches`). The module walks to the runner's views as the runner does, builds `NixlConnectorWorker` as the
+connector builds it for a worker of TP size 1, and registers the views: the nixl agent (which moves the bytes) and the
+NUMA query are stood in, NIXL's own arithmetic is not."""
+
+from __future__ import annotations
+
+from fuzz.case import MLA_KINDS
+from fuzz.checks.protocol import Check
+from fuzz.export import walks
+from fuzz.export.code import Module, NoTemplate, docstring
+from fuzz.export.connector import BACKENDS, FORWARD_CONTEXT_LAYERS
+from fuzz.export.finding import FindingFile
+from fuzz.export.reach import Reach
+
+STAND_INS = '''
+    class RecordingNixlAgent:
+        """Stands in for the nixl package's agent (nixl._api.nixl_agent, which vLLM reaches as NixlWrapper): it takes the
+        memory and descriptor lists the worker registers and moves nothing."""
+
+        def __init__(self, name, config=None):
+            self.name = name
+
+        def get_reg_descs(self, ranges, mem_type):
+            return list(ranges), mem_type
+
+        def get_xfer_descs(self, blocks, mem_type):
+            return blocks, mem_type
+
+        def prep_xfer_dlist(self, agent, descs, *args, **kwargs):
+            return 1
+
+        def get_agent_metadata(self):
+            return b"regression-test"
+
+        def __getattr__(self, name):  # register_memory and the rest: nothing to move in this test
+            return lambda *args, **kwargs: None
+
+
+    class ModelDescription:
+        """What NIXL's worker reads of the model's config: its KV heads, head size and layers (a ModelConfig needs the model)."""
+
+        def __init__(self, kv_heads, head_size, layers, dtype, mla):
+            self.model, self.dtype, self.use_mla, self.enable_sleep_mode = "regression-test", dtype, mla, False
+            self.shape = (kv_heads, head_size, layers)
+
+        def get_total_num_kv_heads(self):
+            return self.shape[0]
+
+        def get_head_size(self):
+            return self.shape[1]
+
+        def get_total_num_hidden_layers(self):
+            return self.shape[2]
+
+        def get_layers_start_end_indices(self, parallel_config):
+            return 0, self.shape[2]
+
+
+    def nixl_worker(vllm_config, kv_cache_config, monkeypatch):
+        """NixlConnectorWorker as the connector builds it on a worker of TP size 1, the nixl agent and NUMA query stood in."""
+        for cls in NixlConnectorWorker.__mro__:
+            module = sys.modules[cls.__module__]
+            if hasattr(module, "NixlWrapper"):
+                monkeypatch.setattr(module, "NixlWrapper", RecordingNixlAgent)
+                monkeypatch.setattr(module, "nixl_agent_config", lambda **settings: settings, raising=False)
+                monkeypatch.setattr(module, "get_tensor_model_parallel_rank", lambda: 0, raising=False)
+                monkeypatch.setattr(module, "get_tensor_model_parallel_world_size", lambda: 1, raising=False)
+                platform = getattr(module, "current_platform", None)
+                if hasattr(platform, "discover_numa_topology"):
+                    monkeypatch.setattr(platform, "discover_numa_topology", lambda: [])
+        vllm_config.kv_transfer_config = KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both", engine_id="regression")
+        return NixlConnectorWorker(vllm_config, "regression", kv_cache_config)
+'''
+
+RULE = '''
+    # The rule (kvfuzz contract): a KV connector registers the caches vLLM builds for a model it runs; vLLM builds these
+    # views (its own allocation, above) for this model, so registering them must not raise.
+    worker = nixl_worker(vllm_config, kv_cache_config, monkeypatch)
+    try:
+        worker.register_kv_caches(kv_caches)
+    finally:
+        executor = getattr(worker, "_handshake_initiation_executor", None)
+        if executor is not None:
+            executor.shutdown(wait=False)
+'''
+
+
+def nixl_test(finding: FindingFile, reach: Reach | None, check: Check) -> Module:
+    case = finding.case
+    if check.name not in (case.touches.consumers if case.touches else ()):
+        raise NoTemplate("the NIXL exporter covers findings of the NIXL check only")
+    groups = walks.checked_groups(finding)
+    if groups is None:
+        raise NoTemplate("the NIXL exporter writes vLLM 0.29+'s walk (kvfuzz drives NIXL's worker from 0.30)")
+    verb = "raises" if finding.kind == "refused-valid" else "crashes"
+    module = Module(title=f"NIXL's worker {verb} registering the caches of a model vLLM runs ({case.layout})")
+    module.add(docstring(finding, reach, f"NIXL's worker must register the caches of a model vLLM runs (it {verb} instead)."))
+    spec = case.groups[0].spec
+    cache_dtype = next((group.spec.cache_dtype for group in case.groups if group.spec.kind != "mamba"), "auto")
+    module.add(walks.constants(finding, groups) + (f"\nMODEL = ({spec.num_kv_heads}, {spec.head_size}, {len(case.layer_names)}, "
+                                                   f"{spec.dtype!r}, {spec.kind in MLA_KINDS})  # KV heads, head size, layers, "
+                                                   f"dtype, MLA\nCACHE_DTYPE = {cache_dtype!r}"))
+    module.add(STAND_INS, "NixlConnectorWorker", "KVTransferConfig")
+    module.add(FORWARD_CONTEXT_LAYERS, "AttentionLayerBase")
+    body, _ = walks.steps(finding, reach, module, groups)
+    setup = (f"    layers_in_forward_context(vllm_config, {BACKENDS})\n"
+             "    vllm_config.model_config = ModelDescription(*MODEL)\n"
+             "    vllm_config.cache_config.cache_dtype = CACHE_DTYPE\n")
+    if case.kv_sharing:
+        setup += "    kv_caches = {**kv_caches, **{layer: kv_caches[target] for layer, target in SHARED_LAYERS.items()}}\n"
+    module.add(f"def test_nixl_registers_the_caches_of_a_model_vllm_runs(vllm_config, monkeypatch):\n{body}\n\n{setup}{RULE.strip(chr(10))}")
+    return module
