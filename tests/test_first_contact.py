@@ -22,8 +22,8 @@ from tests.chaos_trees import make_tree
 
 REPO = Path(__file__).resolve().parent.parent
 FUNCTION = "vllm.v1.worker.utils.allocate_kv_cache"  # the installed vLLM's (0.29 and later)
-SLOW_IMPORT = 25  # seconds the slow tree's import sleeps: longer than the campaign's whole --max-time
-MAX_TIME, CASES = 15, 40
+SLOW_IMPORT = 12  # seconds the slow tree's import sleeps: longer than the campaign's whole --max-time
+MAX_TIME, CASES = 10, 40
 
 
 def test_the_report_keeps_the_start_apart_from_the_fuzzing():
