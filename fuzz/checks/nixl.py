@@ -39,6 +39,7 @@ import ctypes
 import dataclasses
 import functools
 import importlib
+import inspect
 import types
 import uuid
 import weakref
@@ -616,6 +617,10 @@ class NixlCheck(TouchCheck):
         cls = worker_class()
         if cls is None:
             return None
+        source = "".join(inspect.getsource(k) for k in cls.__mro__ if k.__module__.startswith("vllm."))
+        if "self.block_stride_per_layer" not in source:
+            return Off(f"{cls.__module__}.{cls.__name__} registers no per-layer block strides (its registration before 0.29); "
+                       "kvfuzz drives NIXL from the registration that does, and has not triaged the older one")
         from fuzz.targets import consumers  # torch and vLLM: the worker's, never the coordinator's
 
         where = f"{cls.__module__}.{cls.__name__}.register_kv_caches"
