@@ -216,7 +216,7 @@ class Walker:
         if outcome.kernel_rule:  # vLLM picked other kernel block sizes than its rule: its views are judged at its own sizes
             declared = at_kernel_sizes(declared, outcome.kernel_rule)
         alone = [check for check in wanted if not check.needs_views]
-        if alone and device != "meta":
+        if alone:
             walk = Walk.of_case(declared, self.config, lambda other: self.runner_outcome(declared, torch.device(device), probe, other, []))
             outcome = replace(outcome, checks={**outcome.checks, **self.run_checks(alone, walk)})
         return Execution(declared, outcome=outcome)
