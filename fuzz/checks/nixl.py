@@ -53,6 +53,8 @@ import numpy as np
 import oracles
 from fuzz.case import MLA_KINDS, Case, dumps, from_dict, replace, to_dict
 from fuzz.checks.protocol import Export, Judging, Off, Record, Run, TouchCheck, Unusable
+from fuzz.errors import BrokenDeclaration, CaseMismatch, Inexpressible
+from fuzz.tracebacks import vllm_failure
 from fuzz.verdict.findings import Finding, observed
 from oracles import transfer
 
@@ -509,8 +511,6 @@ def _drained(found: Any) -> list[Any]:
 def played(cls: type, sender: End, receiver: End, sent: list[int], received: list[int]) -> Record:
     """`play` as a check's record: a stand-in's gap is a skip, an error raised in vLLM's code an `error` record (a
     handshake that refuses the pair is vLLM saying it cannot transfer it: a refusal, never a finding)."""
-    from fuzz.tracebacks import vllm_failure
-
     where = f"{cls.__module__}.{cls.__name__}.start_load_kv"
     try:
         return {"where": where, **play(cls, sender, receiver, sent, received)}
@@ -777,8 +777,12 @@ def with_peer(cls: type, walk: Any) -> Record:
         return {"skipped": "a pool of one block holds only the null block"}
     try:
         peer = walk.walk_of(case)
-    except Exception as error:  # noqa: BLE001 - a peer the target cannot build is no transfer to play, never a finding of this one
+    except (Inexpressible, CaseMismatch, BrokenDeclaration) as error:  # a peer the target cannot express: no transfer to play
         return {"skipped": f"the {how} peer does not build here ({type(error).__name__}: {error})".splitlines()[0]}
+    except Exception as error:  # noqa: BLE001 - vLLM failing on the peer's own views is the view path's to find, on that case
+        if vllm_failure(error) is None:
+            raise  # kvfuzz's own error: an internal error, never a skip
+        return {"skipped": f"the {how} peer's views fail in vLLM ({type(error).__name__}: {error})".splitlines()[0]}
     tokens = len(sent) * walk.case.groups[0].spec.block_size
     needed = max(1, -(-tokens // peer.case.groups[0].spec.block_size))
     if needed >= peer.case.num_blocks:

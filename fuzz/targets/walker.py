@@ -283,7 +283,7 @@ class Walker:
                 with timed(check.name):
                     try:
                         records[check.name] = self.runs[check.name](walk)
-                    except Unusable as why:
+                    except (Unusable, Inexpressible) as why:  # the check, or the other runner, cannot run the case here
                         records[check.name] = {"skipped": str(why)}
                     except Exception as error:  # noqa: BLE001 - judged by the check; kvfuzz's own errors propagate
                         failure = vllm_failure(error)
