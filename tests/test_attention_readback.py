@@ -233,6 +233,8 @@ def test_other_backends_read_back_what_their_write_stored(kvfuzz_target, backend
     walk, record, layer = read_back(kvfuzz_target, case_for(backend, "LBNHC", block_size, dtype, kind, pad=pad))
     assert judged(walk, kvfuzz_target, record) is None
     assert layer["backend"] == backend
+    uncompiled = [s for s in layer["stand_ins"] if s.endswith("run uncompiled")]
+    assert bool(uncompiled) == (backend == "FLEX_ATTENTION"), layer["stand_ins"]
 
 
 def test_triton_forward_in_bfloat16_is_skipped_under_the_interpreter(kvfuzz_target):
@@ -290,3 +292,42 @@ def test_flex_attention_builder_refuses_a_block_size_vllm_picked_for_it(kvfuzz_t
     assert error["stage"] == "metadata builder constructor" and error["function"] == "_get_block_sizes"
     finding = judged(walk, kvfuzz_target, record)
     assert finding is not None and finding.kind == attention.ERROR and "must be a power of 2" in finding.message
+
+
+OFFER_SCRIPT = """
+import json
+from fuzz.checks import attention
+from fuzz.checks.protocol import Off
+import vllm
+offered = attention.CHECK.offer(None)
+print("RESULT " + json.dumps({"version": vllm.__version__, "off": offered.reason if isinstance(offered, Off) else None}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.releases
+@pytest.mark.parametrize("version", ["0.22.0", "0.31.0"])
+def test_releases_before_0_32_leave_the_read_back_off_instead_of_failing_in_kvfuzz(version, tmp_path):
+    """Before 0.32 AttentionGroup neither maps kernel blocks nor builds metadata (the runner's BlockTable and the runner
+    do): the check is off there, named, where it used to raise a TypeError in kvfuzz's own code on every case it drew."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fuzz.targets import releases
+
+    source = releases.resolve(version)
+    env = releases.worker_environment(source)
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(Path(__file__).absolute().parent.parent)])
+    done = subprocess.run([sys.executable, "-c", OFFER_SCRIPT], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, done.stderr[-3000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    assert out["version"] == version
+    assert out["off"] is not None and "map_to_kernel_block_table" in out["off"]
+
+
+def test_the_installed_release_offers_the_read_back():
+    assert attention.CHECK.offer(None) is attention.run

@@ -77,7 +77,7 @@ def perturb(rng: random.Random, want) -> Strided:
 def test_arithmetic_classification_agrees_with_enumeration():
     rng = random.Random(2024)
     checked, kinds = 0, Counter()
-    for index in range(4000):
+    for index in range(2000):
         info, contract = targets()[index % 2]
         try:
             case = draw_indexed(info, 9, index)
@@ -98,7 +98,7 @@ def test_arithmetic_classification_agrees_with_enumeration():
         assert kind == reference(layer, want, actual), (case, want, actual)
         checked += 1
         kinds[kind] += 1
-    assert checked > 2000
+    assert checked > 1000
     assert set(kinds) >= {"alias", "shape", "page-escape", "block-partition", "order"}, kinds
 
 

@@ -110,6 +110,7 @@ def test_layout_functions_follow_a_function_that_moved(tmp_path):
         layout_functions(tmp_path, ["nowhere"])
 
 
+@pytest.mark.sweep
 @pytest.mark.slow
 def test_every_mutant_of_the_layer_shape_function_dies(tmp_path):
     """The tool's own self-test: a small layout function whose mutants a working kvfuzz must all kill."""

@@ -73,11 +73,11 @@ def test_campaign_spreads_over_the_nodes_then_fails_clearly_when_all_are_gone(cl
     pytest.importorskip("vllm")
     with open_pool(cluster) as pool:
         assert len(pool.fuzzers()) == 2, "one worker per CPU the cluster offers"
-        report = Campaign(pool, options(tmp_path, 1500)).run()
-        assert report.cases == 1500
+        report = Campaign(pool, options(tmp_path, 400)).run()
+        assert report.cases == 400
         busy = [node for node in pool.nodes() if node["cases"] > 0]
         assert len(busy) >= 2, pool.nodes()
-        assert sum(node["cases"] for node in pool.nodes()) == 1500
+        assert sum(node["cases"] for node in pool.nodes()) == 400
         assert_every_finding_on_disk(report, tmp_path / "corpus")
 
         for member in pool.members:
@@ -91,6 +91,7 @@ def test_campaign_spreads_over_the_nodes_then_fails_clearly_when_all_are_gone(cl
                 pool.poll(0.2)
 
 
+@pytest.mark.sweep
 @ray_test
 def test_a_node_lost_mid_campaign_loses_no_case_and_no_finding(cluster, tmp_path):
     pytest.importorskip("vllm")
@@ -102,21 +103,22 @@ def test_a_node_lost_mid_campaign_loses_no_case_and_no_finding(cluster, tmp_path
 
         def remove_when_under_way(report: Report) -> None:
             ours = next(n for n in pool.nodes() if n["node"] == doomed_node)
-            if not removed_at and ours["cases"] > 0 and report.cases >= 600:
+            if not removed_at and ours["cases"] > 0 and report.cases >= 200:
                 removed_at.append(report.cases)
                 cluster.remove_node(doomed)
 
-        report = Campaign(pool, options(tmp_path, 3000), progress=remove_when_under_way).run()
+        report = Campaign(pool, options(tmp_path, 1000), progress=remove_when_under_way).run()
         nodes = {node["node"]: node for node in pool.nodes()}
         reruns = pool.reruns
-    assert removed_at and removed_at[0] < 3000, "the node went away in the middle of the campaign"
-    assert report.cases == 3000, "every case counted once"
-    assert sum(node["cases"] for node in nodes.values()) == 3000, "the lost node's unfinished batch ran again elsewhere, once"
+    assert removed_at and removed_at[0] < 1000, "the node went away in the middle of the campaign"
+    assert report.cases == 1000, "every case counted once"
+    assert sum(node["cases"] for node in nodes.values()) == 1000, "the lost node's unfinished batch ran again elsewhere, once"
     assert nodes[doomed_node]["workers"] == 0 and nodes[doomed_node]["restarts"] >= 1
     assert report.restarts >= 1 and reruns >= 1
     assert_every_finding_on_disk(report, tmp_path / "corpus")
 
 
+@pytest.mark.sweep
 @ray_test
 def test_a_release_is_shipped_to_the_nodes_and_finds_the_compressed_mla_crash(cluster, tmp_path, monkeypatch):
     if Path("/tmp/whl").is_dir() and "KVFUZZ_WHEELHOUSE" not in os.environ:
@@ -141,6 +143,7 @@ def test_a_release_is_shipped_to_the_nodes_and_finds_the_compressed_mla_crash(cl
     assert_every_finding_on_disk(report, tmp_path / "corpus")
 
 
+@pytest.mark.sweep
 @ray_test
 @pytest.mark.slow
 def test_a_target_that_kills_its_process_on_a_node_is_recorded_as_on_one_machine(cluster, tmp_path):

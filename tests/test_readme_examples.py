@@ -36,7 +36,10 @@ NOT_RUN = {
     "kvfuzz ci --vllm installed --budget 120": "tests/test_ci.py runs this with a 20 s budget (the acceptance run)",
     "kvfuzz bisect": "replays the case on every release: minutes",
     "kvfuzz bench": "measures for minutes",
+    "kvfuzz run --engine atheris": "tests/test_atheris.py runs atheris campaigns, and "
+                                   "test_atheris_without_workers_passes_its_option_check this command's options",
 }
+OUTPUT_OPTIONS = ("--out", "--output")  # commands that differ only in where they write run once
 CHECKOUT = "/path/to/vllm"
 STARTUP_SECONDS = 40.0  # a campaign still running this long after it started has accepted its options and target
 # A line that says the command is past its checks and running: a campaign's progress line, or mutate's tracing of the
@@ -114,8 +117,17 @@ def argv_of(command: str) -> list[str]:
     return [PLACEHOLDERS.get(token, token) for token in tokens]
 
 
+def run_once(commands: list[str]) -> list[str]:
+    """The commands, one of each that differ only in the value of an output option (the first shown)."""
+    def key(command: str) -> tuple[str, ...]:
+        tokens = command.split()
+        return tuple("OUT" if i and tokens[i - 1] in OUTPUT_OPTIONS else t for i, t in enumerate(tokens))
+    return list({key(command): command for command in reversed(commands)}.values())[::-1]
+
+
 SHOWN = shown_commands()
 COMMANDS = list(SHOWN)
+RUN = run_once(COMMANDS)
 
 
 def test_readme_shows_the_commands_it_should():
@@ -183,8 +195,16 @@ def checkout(tmp_path_factory) -> Path:
     return checkout_of_installed(tmp_path_factory.mktemp("clone") / "vllm")
 
 
+def test_commands_that_differ_only_in_their_output_run_once():
+    shown = ["kvfuzz export corpus --out tests/kvfuzz", "kvfuzz export corpus --out DIR", "kvfuzz export FILE --out DIR",
+             "kvfuzz report FILE --output issue.md"]
+    assert run_once(shown) == ["kvfuzz export corpus --out tests/kvfuzz", "kvfuzz export FILE --out DIR",
+                               "kvfuzz report FILE --output issue.md"]
+    assert {" ".join(c.split()[:3]) for c in RUN} == {" ".join(c.split()[:3]) for c in COMMANDS}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("command", RUN)
 def test_readme_command_runs(command, tmp_path, request):
     reason = runnable(command)
     if reason:

@@ -128,7 +128,7 @@ def test_reused_verdicts_are_the_verdicts_every_check_gives(kvfuzz_target) -> No
     target = kvfuzz_target
     if not hasattr(target, "runs"):
         pytest.skip("the schedule runs in the worker process of an in-process target")
-    cases = drawn(target, 400)
+    cases = drawn(target, 200)
     every = [outcome_of(run_case(target, case, "cpu")) for case in cases]
     schedule = Schedule(target.checks(), share=1.0, floor=1.0)
     again = list(range(len(cases)))  # a second pass meets every key again, in another order

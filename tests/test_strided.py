@@ -276,7 +276,7 @@ def check_against_reference(a: Strided, b: Strided, spans, data) -> None:
             assert overlaps(part, a)
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=1200, deadline=None)
 @given(a=layouts(), b=layouts(), spans=spans_strategy, data=st.data())
 def test_matches_enumeration(a, b, spans, data):
     check_against_reference(a, b, spans, data)

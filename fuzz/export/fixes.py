@@ -89,15 +89,18 @@ def fix_for(signature_id: str) -> Fix | None:
 
 def patched_tree(tree: Path, fix: Fix, destination: Path) -> Path:
     """A copy of the release tree at `tree` (the folder holding vllm/) with `fix` applied: files are hard links, the
-    patched one a new file. ValueError when the fix's text is not in the file exactly once."""
+    patched one a new file. The release's bytecode comes along (a hard link keeps the source's mtime, so it stays valid,
+    and Python replaces a stale file instead of writing into it), but the patched module's own. ValueError when the fix's
+    text is not in the file exactly once."""
     text = (tree / fix.path).read_text()
     for old, new in fix.changes:
         if text.count(old) != 1:
             raise ValueError(f"{fix.path}: the text the fix replaces is there {text.count(old)} times, not once")
         text = text.replace(old, new)
-    shutil.copytree(tree / "vllm", destination / "vllm", copy_function=os.link,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(tree / "vllm", destination / "vllm", copy_function=os.link)
     patched = destination / fix.path
+    for bytecode in (patched.parent / "__pycache__").glob(f"{patched.stem}.*.pyc"):
+        bytecode.unlink()
     patched.unlink()
     patched.write_text(text)
     return destination

@@ -17,6 +17,10 @@ MLA_WRITERS = {"CPU_MLA": (512, 64)}
 
 def kernel_write_test(finding: FindingFile, reach: Reach | None, check: Check) -> Module:
     case = finding.case
+    if not any(group.spec.kind == "mla" for group in case.groups):
+        from fuzz.export.cache_write import cache_write_test  # an attention layer's write: (key, value) of one head size
+
+        return cache_write_test(finding, reach, check)
     group = runner_steps.check_case(finding)
     if group.backend not in MLA_WRITERS or group.spec.kind != "mla" or group.spec.cache_dtype != "auto":
         raise NoTemplate(f"the cache-write exporter covers {', '.join(MLA_WRITERS)} with unquantized caches only")
