@@ -353,13 +353,24 @@ def test_exported_test_passes_on_034_with_the_fix(number, tmp_path):
     assert "is importable" not in fixed.output
 
 
+# Candidates (FINDINGS.md) no exporter writes yet, each with the reason `kvfuzz export` gives: every numbered finding exports.
+UNEXPORTED_CANDIDATES = {
+    "98c17caf40ef-c612c29e04108198": "a synthetic backend without a declared shape, or with a packed or scaled cache",
+    "88ed08241b78-7f7aa10f5191300c": "no exporter for assert-on-invalid in _apply_prefix_caching yet",
+}
+
+
 def test_the_whole_corpus_exports_and_each_module_parses(tmp_path):
     out = io.StringIO()
     assert main(["export", "corpus", "--out", str(tmp_path)], stdout=out) == 0
     corpus = sorted(FINDINGS.glob("*.json"))
-    assert f"exported {len(corpus)} of {len(corpus)} finding(s)" in out.getvalue(), out.getvalue()
+    exported = len(corpus) - len(UNEXPORTED_CANDIDATES)
+    assert f"exported {exported} of {len(corpus)} finding(s)" in out.getvalue(), out.getvalue()
+    for stem, reason in UNEXPORTED_CANDIDATES.items():
+        assert read_finding(FINDINGS / f"{stem}.json").meta["finding"] == "candidate"
+        assert f"{stem}.json: not exported: {reason}" in out.getvalue()
     modules = sorted(tmp_path.glob("test_kvfuzz_*.py"))
-    assert len(modules) >= len(corpus)
+    assert len(modules) >= exported
     for module in modules:
         source = module.read_text()
         assert imported_roots(source) <= ALLOWED_IMPORTS, module.name
