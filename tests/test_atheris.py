@@ -310,6 +310,7 @@ def is_38831(finding: dict) -> bool:
     return any(g.spec.compress_ratio > 1 and (g.kernel_block_size or g.spec.block_size) < g.spec.block_size for g in case.groups)
 
 
+@pytest.mark.sweep  # the default suite runs the engine's short campaign on the installed vLLM
 @pytest.mark.slow
 @pytest.mark.releases
 def test_finds_the_compressed_mla_crash_on_0_22(tmp_path, monkeypatch):
