@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,3 +49,16 @@ def wait_for(condition: Callable[[], bool], seconds: float, what: str, step: flo
     while not condition():
         assert time.monotonic() < deadline, f"{what} within {seconds} s"
         time.sleep(step)
+
+
+def run_in_release(version: str, script: str, cwd: Path) -> dict:
+    """Runs `script` in a worker environment of the release (its vLLM tree first on the path, kvfuzz after it) and returns
+    the JSON of its last line starting with "RESULT "."""
+    from fuzz.targets import releases
+
+    env = releases.worker_environment(releases.resolve(version))
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(Path(__file__).absolute().parent.parent)])
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600, cwd=cwd)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, done.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])

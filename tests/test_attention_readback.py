@@ -311,21 +311,9 @@ print("RESULT " + json.dumps({"version": vllm.__version__, "off": offered.reason
 def test_releases_before_0_32_leave_the_read_back_off_instead_of_failing_in_kvfuzz(version, tmp_path):
     """Before 0.32 AttentionGroup neither maps kernel blocks nor builds metadata (the runner's BlockTable and the runner
     do): the check is off there, named, where it used to raise a TypeError in kvfuzz's own code on every case it drew."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from tests.processes import run_in_release
 
-    from fuzz.targets import releases
-
-    source = releases.resolve(version)
-    env = releases.worker_environment(source)
-    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(Path(__file__).absolute().parent.parent)])
-    done = subprocess.run([sys.executable, "-c", OFFER_SCRIPT], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, done.stderr[-3000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = run_in_release(version, OFFER_SCRIPT, tmp_path)
     assert out["version"] == version
     assert out["off"] is not None and "map_to_kernel_block_table" in out["off"]
 

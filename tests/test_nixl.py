@@ -9,12 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -284,15 +279,9 @@ print("RESULT " + json.dumps(out))
 @pytest.mark.slow
 def test_release_0_34(tmp_path):
     """The same judgement on 0.34.0, whose worker hands nixl strided descriptor rows (the recording agent expands them)."""
-    from fuzz.targets import releases
+    from tests.processes import run_in_release
 
-    source = releases.resolve("0.34.0")
-    env = releases.worker_environment(source)
-    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(Path(__file__).absolute().parent.parent)])
-    done = subprocess.run([sys.executable, "-c", RELEASE_SCRIPT], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, done.stderr[-3000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = run_in_release("0.34.0", RELEASE_SCRIPT, tmp_path)
     assert out["version"] == "0.34.0"
     assert out["cpu"] == {"descriptors": layer_major(32 * 512, BLOCKS), "finding": None}
     assert out["blocks-outermost"]["finding"] is None

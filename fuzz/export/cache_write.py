@@ -11,11 +11,11 @@ from fuzz.export.code import Module, NoTemplate, docstring, indent
 from fuzz.export.finding import FindingFile
 from fuzz.export.reach import Reach
 from fuzz.export.triton_zero import RUNNABLE
+from fuzz.targets.kernel_probe import PLAIN_CACHE  # the caches the probe writes, whose findings this exports
 
 WRITERS = "vllm.v1.attention.ops.triton_reshape_and_cache_flash"
 # Blocks in the test's cache: a prime no other axis of a small attention cache has, so that its block axis is found.
 NUM_BLOCKS = 5
-PLAIN = {"auto": None, "float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
 
 WRITE = '''
     class Layer:
@@ -64,14 +64,14 @@ def cache_write_test(finding: FindingFile, reach: Reach | None, check: Check) ->
     layer = finding.meta.get("layer")
     group = case.groups[case.group_of(layer)] if layer else runner_steps.check_case(finding)
     spec = group.spec
-    if spec.cache_dtype not in PLAIN or spec.dtype not in ("float16", "bfloat16", "float32") or group.synthetic_backend is not None:
+    if spec.cache_dtype not in PLAIN_CACHE or spec.dtype not in ("float16", "bfloat16", "float32") or group.synthetic_backend is not None:
         raise NoTemplate("the cache-write exporter covers shipped backends' unquantized caches only")
     if spec.kind not in ("full", "sliding_window", "cross", "chunked_local", "sink") or spec.head_size_v not in (None, spec.head_size):
         raise NoTemplate("the cache-write exporter writes attention layers with K and V heads of one size only")
     tokens = case.touches.tokens if case.touches else ()
     block, position = tokens[0] if tokens else (1, 0)
     block, position = block % NUM_BLOCKS, position % spec.block_size
-    module = Module(title=f"{group.backend}'s cache write refuses the {spec.cache_dtype} cache dtype it declares")
+    module = Module(title=f"{group.backend}'s cache write fails on a {spec.cache_dtype} cache of the shape it declares")
     module.add(docstring(finding, reach, f"{group.backend}'s cache write must take a cache dtype the backend declares "
                                          f"({spec.cache_dtype}) and put the token where the cache keeps it."))
     module.add("\n".join([
