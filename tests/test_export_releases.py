@@ -31,6 +31,10 @@ ALLOWED = {"fails": {"fail"}, "other": {"fail", "skip", "pass"}}
 # Backends whose modules need a package or extension this environment cannot have (torchvision: PyPI's builds break
 # beside the CPU torch; vllm_flash_attn's CUDA kernels): their modules skip here, naming the missing module.
 CANNOT_IMPORT_HERE = {"TRITON_MSA", "FLASH_ATTN_MLA_SPARSE"}
+# Releases where a check is off by design (tests/test_releases.py BY_DESIGN): the replay passes its findings' cases there
+# unseen, and a module, which drives the code itself, may fail (NIXL's worker of 0.29 keeps the receive
+# post-processing FINDINGS #34 is about, but kvfuzz drives NIXL from 0.30).
+CHECK_OFF = {"nixl": ("0.29.0",)}
 
 
 # The 0.29+ view check is no test that cannot pass: finding 0a7967da01d8's case in the layout vLLM handles (LBNHC, three
@@ -95,6 +99,8 @@ def check_every_module_on(version, exported_corpus):
         allowed = {"skip"} if other_walk(part, version) else ALLOWED.get(status, {"pass", "skip"})
         if {group.backend for group in found.case.groups} & CANNOT_IMPORT_HERE:
             allowed = allowed | {"skip"}
+        if any(version in CHECK_OFF.get(check, ()) for check in (found.case.touches.consumers if found.case.touches else ())):
+            allowed = allowed | {"fail"}
         if outcomes[name] not in allowed:
             wrong[name] = f"{outcomes[name]}, but the replay of {found.path.name} on {version}: {status}"
     assert not wrong

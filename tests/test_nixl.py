@@ -357,3 +357,19 @@ def test_a_descriptor_outside_every_buffer():
     found[3] = transfer.Descriptor(1, 0, -1, 123, 456)
     problem = transfer.check(case, expected, found, 1)
     assert problem is not None and problem.kind == "outside"
+
+
+@pytest.mark.parametrize(("layout", "drawn"), [("LBNHC", False), ("LBHNC", False), ("BLNHC", True), ("BLHNC", True)])
+def test_compressed_caches_are_moved_only_in_block_outermost_layouts(layout, drawn):
+    """A model with compressed caches has DeepSeek V4's indexer, whose backend supports only BLHNC and BLNHC: NIXL (which
+    asserts it on 0.32 - 0.33) is not driven on such a case in a layer-outer layout, and is on a block-outermost one."""
+    from fuzz.checks import nixl
+
+    spec = SpecCase(kind="sliding_window_mla", block_size=128, num_kv_heads=1, head_size=576, dtype="bfloat16", compress_ratio=8,
+                    sliding_window=2)
+    case = Case(groups=(GroupCase(spec=spec, layers=LAYERS, backend="FLASHINFER_MLA_SPARSE_DSV41"),), num_blocks=BLOCKS,
+                layout=layout, touches=NAMED)
+    reason = nixl.CHECK.unrealistic(case)
+    assert (reason is None) == drawn, reason
+    uncompressed = dataclasses.replace(case, groups=(dataclasses.replace(case.groups[0], spec=dataclasses.replace(spec, compress_ratio=1)),))
+    assert nixl.CHECK.unrealistic(uncompressed) is None

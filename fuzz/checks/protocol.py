@@ -10,7 +10,8 @@ names it. Its parts, in the order a case meets them:
 - `applies(case)`, `key(case)`, `without(case)`: whether a drawn case asks for it, the facts its code under test and
   its judgement read (a worker that judged a key once reuses the verdict), and the case as it runs without it;
 - the run (in the worker, on the walk): plain JSON, never vLLM or torch objects. It raises `Unusable` to skip (a record
-  that says why, never a finding); an exception raised in vLLM's code becomes an `error` record, judged by the check;
+  that says why, never a finding); an exception raised in vLLM's code that the run does not catch itself becomes a
+  `raised` record, judged the same for every check (a crash, or a refusal, on views the oracle accepts);
 - `judge(judging, record)`: the finding, or None;
 - `kinds`, `warnings`: the finding kinds it reports that the view path does not, each with its one-line meaning, and
   which of them are warnings;

@@ -1,9 +1,16 @@
-"""Template: NIXL's worker registering the caches of a model vLLM runs (`crash-on-valid` / `refused-valid` raised by its
-`register_kv_caches`). The module walks to the runner's views as the runner does, builds `NixlConnectorWorker` as the
-connector builds it for a worker of TP size 1, and registers the views: the nixl agent (which moves the bytes) and the
-NUMA query are stood in, NIXL's own arithmetic is not."""
+"""Templates: NIXL's worker on the caches of a model vLLM runs. The module walks to the runner's views as the runner does,
+builds `NixlConnectorWorker` as the connector builds it for a worker of TP size 1, and registers the views: the nixl
+agent (which moves the bytes) and the NUMA query are stood in, NIXL's own arithmetic is not.
+
+- `nixl_test`: the registration raises (`crash-on-valid` / `refused-valid` in `register_kv_caches`);
+- `nixl_receive_test`: a played transfer into a decode instance of larger blocks leaves other bytes than the prefill's
+  (`transfer-wrong`), where the receive's post-processing is at fault: the module registers the decode instance's caches
+  and runs `post_process_device_kv_on_receive` on a last block that received one of its sub-blocks, as `get_finished`
+  runs it, and asserts every head of the received tokens is kept and the rest cleared."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from fuzz.case import MLA_KINDS
 from fuzz.checks.protocol import Check
@@ -86,16 +93,85 @@ RULE = '''
 '''
 
 
+RECEIVE_RULE = '''
+    # The rule (kvfuzz contract: a block's tokens are its own, every head of them): the decode instance's blocks hold
+    # RATIO of the prefill's, and its last block received the first of them. The receive's post-processing (run by
+    # get_finished) must keep every head of the received tokens and clear the tokens that were not received.
+    worker = nixl_worker(vllm_config, kv_cache_config, monkeypatch)
+    try:
+        worker.register_kv_caches(kv_caches)
+        block = NUM_BLOCKS - 1
+        for cache in kv_caches.values():
+            cache[block].fill_(1)
+        shape = str(inspect.signature(worker.post_process_device_kv_on_receive).parameters["block_ids_list"].annotation)
+        if "range" in shape:  # 0.34: (group, blocks, the sub-blocks received)
+            received = (0, [block], range(0, 1))
+        elif shape.startswith("list[tuple[int"):  # 0.32 - 0.33: (group, blocks, how many sub-blocks were received)
+            received = (0, [block], 1)
+        else:  # 0.29 - 0.31: (blocks, how many sub-blocks were received)
+            received = ([block], 1)
+        worker.post_process_device_kv_on_receive(RATIO, [received], convert=False)
+    finally:
+        executor = getattr(worker, "_handshake_initiation_executor", None)
+        if executor is not None:
+            executor.shutdown(wait=False)
+    for layer, cache in kv_caches.items():
+        tokens = cache.shape[2] // RATIO  # a (block, head, token, K and V) view
+        kept = cache[block, :, :tokens].float()
+        assert (kept == 1).all(), f"{layer}: heads {sorted(set((kept != 1).nonzero()[:, 0].tolist()))} of the received tokens were cleared"
+        assert (cache[block, :, tokens:].float() == 0).all(), f"{layer}: tokens that were not received were kept"
+'''
+
+
 def nixl_test(finding: FindingFile, reach: Reach | None, check: Check) -> Module:
+    groups = _groups(finding, check)
+    verb = "raises" if finding.kind == "refused-valid" else "crashes"
+    module = Module(title=f"NIXL's worker {verb} registering the caches of a model vLLM runs ({finding.case.layout})")
+    module.add(docstring(finding, reach, f"NIXL's worker must register the caches of a model vLLM runs (it {verb} instead)."))
+    body, setup = _worker(finding, reach, module, groups)
+    module.add(f"def test_nixl_registers_the_caches_of_a_model_vllm_runs(vllm_config, monkeypatch):\n{body}\n\n{setup}{RULE.strip(chr(10))}")
+    return module
+
+
+def nixl_receive_test(finding: FindingFile, reach: Reach | None, check: Check) -> Module:
+    from fuzz.checks.nixl import peer_of
+
+    how, receiver, _, _ = peer_of(finding.case)
+    if how != "blocks-up":
+        raise NoTemplate(f"the NIXL receive exporter covers transfers into larger blocks; this one's peer is {how!r}")
+    if receiver.layout not in ("LBHNC", "LBNHC") and not (receiver.layout in ("BLHNC", "BLNHC") and len(receiver.layer_names) == 1):
+        # Elsewhere a layer's block is no single run of bytes: a received sub-block lands across layers or heads before
+        # any post-processing, a fault of the descriptors this module does not hold.
+        raise NoTemplate(f"the NIXL receive exporter covers blocks that are one run per layer; {receiver.layout} with "
+                         f"{len(receiver.layer_names)} layer(s) is not")
+    ratio = receiver.groups[0].spec.block_size // finding.case.groups[0].spec.block_size
+    decode = dataclasses.replace(finding, case=receiver)
+    groups = _groups(decode, check)
+    module = Module(title=f"NIXL's receive clears other bytes than the tokens a decode instance of {ratio}x larger blocks "
+                          f"did not receive ({receiver.layout})")
+    module.add(docstring(finding, reach, "A decode instance's receive must keep every head of the tokens it received (the "
+                                         "walk below is the decode instance's: the case's blocks, twice as large)."))
+    body, setup = _worker(decode, reach, module, groups)
+    module.add(f"RATIO = {ratio}  # the decode instance's block size over the prefill's")
+    module.add(f"def test_nixl_receive_keeps_the_received_tokens(vllm_config, monkeypatch):\n{body}\n\n{setup}"
+               f"{RECEIVE_RULE.strip(chr(10))}")
+    return module
+
+
+def _groups(finding: FindingFile, check: Check) -> list:
     case = finding.case
     if check.name not in (case.touches.consumers if case.touches else ()):
         raise NoTemplate("the NIXL exporter covers findings of the NIXL check only")
     groups = walks.checked_groups(finding)
     if groups is None:
         raise NoTemplate("the NIXL exporter writes vLLM 0.29+'s walk (kvfuzz drives NIXL's worker from 0.30)")
-    verb = "raises" if finding.kind == "refused-valid" else "crashes"
-    module = Module(title=f"NIXL's worker {verb} registering the caches of a model vLLM runs ({case.layout})")
-    module.add(docstring(finding, reach, f"NIXL's worker must register the caches of a model vLLM runs (it {verb} instead)."))
+    return groups
+
+
+def _worker(finding: FindingFile, reach: Reach | None, module: Module, groups: list) -> tuple[str, str]:
+    """The walk to the runner's views and what NIXL's worker reads of the model: the test body up to `kv_caches`, and the
+    set-up lines after it."""
+    case = finding.case
     spec = case.groups[0].spec
     cache_dtype = next((group.spec.cache_dtype for group in case.groups if group.spec.kind != "mamba"), "auto")
     module.add(walks.constants(finding, groups) + (f"\nMODEL = ({spec.num_kv_heads}, {spec.head_size}, {len(case.layer_names)}, "
@@ -109,5 +185,4 @@ def nixl_test(finding: FindingFile, reach: Reach | None, check: Check) -> Module
              "    vllm_config.cache_config.cache_dtype = CACHE_DTYPE\n")
     if case.kv_sharing:
         setup += "    kv_caches = {**kv_caches, **{layer: kv_caches[target] for layer, target in SHARED_LAYERS.items()}}\n"
-    module.add(f"def test_nixl_registers_the_caches_of_a_model_vllm_runs(vllm_config, monkeypatch):\n{body}\n\n{setup}{RULE.strip(chr(10))}")
-    return module
+    return body, setup

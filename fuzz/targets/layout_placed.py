@@ -117,6 +117,8 @@ class LayoutPlacedTarget(Adapter):
         if group.layer_heads and (custom.num_head_slots, custom.state_content_bytes) != (None, None):
             raise Inexpressible(f"layers that differ in heads on {group.backend_name}, which publishes its page per spec")
         alignment = getattr(custom, "block_stride_alignment", None)
+        if alignment is None and group.spec.is_mla and self.layer_specs is not None:
+            alignment = self.layer_specs.mla_block_stride_alignment(backend, group.spec)
         spec = replace(
             group.spec,
             num_head_slots=custom.num_head_slots,

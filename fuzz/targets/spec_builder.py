@@ -40,8 +40,12 @@ from fuzz.targets.model_info import inspection_in_fork
 
 MODEL_DIR = Path(__file__).resolve().parent / "model"
 # What kvfuzz's MLA stand-in holds: every attribute MLAAttention.get_kv_cache_spec / get_attn_backend read in
-# some release, with the value the constructor gives it for a dense, non-windowed, non-sparse-indexed layer.
-MLA_ATTRIBUTES = ("head_size", "kv_cache_dtype", "attn_backend", "sliding_window", "non_causal_multi_token_decode", "indexer")
+# some release, with the value the constructor gives it for a dense, non-windowed, non-sparse-indexed layer (0.33+: no
+# top-k buffer; 0.34: `impl`, the backend's implementation, asked for its fp8_ds_mla row bytes).
+MLA_ATTRIBUTES = ("head_size", "kv_cache_dtype", "attn_backend", "sliding_window", "non_causal_multi_token_decode", "indexer",
+                  "topk_buffer_width", "impl")
+# DeepSeek's MLA head: the latent (kv_lora_rank) and the rotary part; the implementation's constructor keeps both.
+MLA_LATENT = 512
 MODEL_DTYPES = ("bfloat16", "float16", "float32")
 REFUSALS = (ValueError, NotImplementedError)
 
@@ -61,6 +65,7 @@ class LayerSpecs:
         self.cache_config = _obj(probe.find("CacheConfig"))
         self.off: str | None = None
         self._configs: dict[str, Any] = {}
+        self._mla_alignments: dict[tuple[Any, ...], Any] = {}
         self.kinds: tuple[str, ...] = ()
         # Whether this release's sliding-window layers choose their own block size (0.32: "SW chooses its own
         # block_size, decoupled from the user's --block-size"): then the case's block size is not theirs to keep.
@@ -156,6 +161,22 @@ class LayerSpecs:
                                 f"not the case's {spec.block_size})")
         return made, type(layer).__name__
 
+    def mla_block_stride_alignment(self, backend: type, spec: Any) -> Any:
+        """The block-stride alignment vLLM's MLA layer declares for a layer of `spec` on `backend` (0.31 declares the row
+        width for backends that read the cache as flat rows), or None: where a release's layer, not the backend, adds
+        it, a spec without it is no spec that release builds."""
+        key = (backend, spec.head_size, spec.cache_dtype, spec.sliding_window, spec.block_size)
+        if key not in self._mla_alignments:
+            alignment = None
+            if self.mla is not None and not self.off:
+                cfg = self._config("bfloat16", spec.block_size, spec.cache_dtype)
+                with self.set_current(cfg):
+                    layer = self._mla_layer(cfg, "model.layers.0.kvfuzz", backend, spec.head_size, spec.cache_dtype)
+                    layer.sliding_window = spec.sliding_window
+                    alignment = getattr(layer.get_kv_cache_spec(cfg), "block_stride_alignment", None)
+            self._mla_alignments[key] = alignment
+        return self._mla_alignments[key]
+
     def _config(self, model_dtype: str, block_size: int, cache_dtype: str) -> Any:
         """A VllmConfig of the local model in `model_dtype` (one per dtype and process), emptied of layers, set to the
         group's block size and cache dtype (set after construction: a platform may refuse some pairs at construction)."""
@@ -192,13 +213,29 @@ class LayerSpecs:
         layer = object.__new__(self.mla)
         torch.nn.Module.__init__(layer)
         values = {"head_size": head_size, "kv_cache_dtype": cache_dtype, "attn_backend": backend, "sliding_window": None,
-                  "non_causal_multi_token_decode": False, "indexer": None}
+                  "non_causal_multi_token_decode": False, "indexer": None, "topk_buffer_width": None,
+                  "impl": _mla_impl(backend, head_size, cache_dtype) if "impl" in self.mla_reads else None}
         for attribute in MLA_ATTRIBUTES:
             setattr(layer, attribute, values[attribute])
         layer.layer_name = name
         layer.kv_cache = torch.tensor([])
         cfg.compilation_config.static_forward_context[name] = layer
         return layer
+
+
+def _mla_impl(backend: type, head_size: int, cache_dtype: str) -> Any:
+    """The backend's MLA implementation as its constructor leaves the fields the spec asks it for (its latent and rotary
+    head sizes), without the kernels it would set up; None where the release's layer never asks (no fp8_ds_mla)."""
+    if cache_dtype != "fp8_ds_mla":
+        return None
+    try:
+        impl = object.__new__(backend.get_impl_cls())
+    except Exception as error:  # noqa: BLE001 - an implementation that does not import here sizes no fp8_ds_mla row here
+        raise Inexpressible(f"field cache_dtype: {backend.get_name()}'s implementation does not import here "
+                            f"({type(error).__name__})") from None
+    impl.kv_lora_rank = min(head_size, MLA_LATENT)
+    impl.qk_rope_head_dim = head_size - impl.kv_lora_rank
+    return impl
 
 
 def stored_mla_dtype(mla_layer: Any) -> Callable[[type, str], str] | None:
@@ -228,11 +265,15 @@ def _module_function(cls: Any, name: str) -> Callable[..., Any] | None:
 
 
 def _mla_reads(cls: Any) -> set[str]:
-    """The attributes MLAAttention's spec method and backend getter read off the layer (`self.X`), from their source."""
+    """The attributes MLAAttention's spec method and backend getter read off the layer (`self.X`), from their source,
+    through the class's own methods they call (`self._uses_flat_kv_cache()` reads what that method reads)."""
     if cls is None:
         return set()
     reads: set[str] = set()
-    for method in ("get_kv_cache_spec", "get_attn_backend"):
+    pending, seen = ["get_kv_cache_spec", "get_attn_backend"], set()
+    while pending:
+        method = pending.pop()
+        seen.add(method)
         function = getattr(cls, method, None)
         if function is None:
             continue
@@ -240,6 +281,12 @@ def _mla_reads(cls: Any) -> set[str]:
             tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
         except (OSError, TypeError, SyntaxError):
             return {"<source unavailable>"}
-        reads |= {node.attr for node in ast.walk(tree)
-                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"):
+                continue
+            if inspect.isfunction(inspect.getattr_static(cls, node.attr, None)):
+                if node.attr not in seen:
+                    pending.append(node.attr)
+            else:
+                reads.add(node.attr)
     return reads

@@ -276,7 +276,8 @@ class Walker:
 
     def run_checks(self, checks: list[Check], walk: Walk) -> dict[str, Record]:
         """Each check's record on the walk, run as the runner's own code runs (under the model's config) and timed as its own.
-        An exception raised in vLLM's code is the check's record to judge; kvfuzz's own propagate."""
+        An exception raised in vLLM's code outside what the check's run catches itself is recorded as `raised` (judged
+        the same for every check, fuzz/verdict/runner.py); kvfuzz's own propagate."""
         records: dict[str, Record] = {}
         with self.probe.get("set_current_vllm_config")(self.config):
             for check in checks:
@@ -289,9 +290,9 @@ class Walker:
                         failure = vllm_failure(error)
                         if failure is None:
                             raise
-                        records[check.name] = {"error": {"type": failure.error_type, "message": failure.error_message,
-                                                         "function": failure.error_function, "file": failure.error_file,
-                                                         "line": failure.error_line}}
+                        records[check.name] = {"raised": {"type": failure.error_type, "message": failure.error_message,
+                                                          "function": failure.error_function, "file": failure.error_file,
+                                                          "line": failure.error_line}}
         return records
 
     def peer_walk(self, case: Case, device: str, walking: Case) -> Walk:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import oracles
 from fuzz.case import Case
@@ -17,7 +18,7 @@ from fuzz.checks.protocol import Judging
 from fuzz.checks.registry import CHECKS
 from fuzz.checks.timing import timed
 from fuzz.targets.base import Execution, Outcome, Target
-from fuzz.verdict.compare import Verdict
+from fuzz.verdict.compare import REFUSALS, Verdict
 from fuzz.verdict.findings import Finding, observed
 from fuzz.verdict.views import judge_views
 from oracles.expectation import Expectation
@@ -62,7 +63,7 @@ def judge(execution: Execution, target_contract: oracles.Contract, reuse: Mappin
         record = outcome.checks.get(check.name)
         if record is not None:
             with timed(check.name):
-                found = checks[check.name] = check.judge(judging, record)
+                found = checks[check.name] = raised(case, check.name, record) if "raised" in record else check.judge(judging, record)
         elif check.name in reused:
             found = reused[check.name]
         else:
@@ -70,6 +71,14 @@ def judge(execution: Execution, target_contract: oracles.Contract, reuse: Mappin
         if found is not None:
             return CaseResult(case, Verdict("finding", found), expectation, outcome, checks)
     return CaseResult(case, verdict, expectation, outcome, checks)
+
+
+def raised(case: Case, check: str, record: Mapping[str, Any]) -> Finding:
+    """vLLM raised in a check's run outside the code the check judges (the runner's own set-up of what it drives: layers
+    bound, metadata built) on views the oracle accepts: a crash, or with vLLM's refusal errors a refusal, as in the views."""
+    error = record["raised"]
+    kind = "refused-valid" if error["type"] in REFUSALS else "crash-on-valid"
+    return observed(case, kind, error.get("function") or "?", f"{check}: {error['type']}: {error['message']}")
 
 
 def other_runners(result: CaseResult, contract: oracles.Contract) -> list[tuple[str, CaseResult]]:
