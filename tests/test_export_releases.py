@@ -30,7 +30,7 @@ REPLAY = FINDINGS.parent.parent / "docs" / "findings-replay.json"
 ALLOWED = {"fails": {"fail"}, "other": {"fail", "skip", "pass"}}
 # Backends whose modules need a package or extension this environment cannot have (torchvision: PyPI's builds break
 # beside the CPU torch; vllm_flash_attn's CUDA kernels): their modules skip here, naming the missing module.
-CANNOT_IMPORT_HERE = {"TRITON_MSA", "FLASH_ATTN_MLA_SPARSE"}
+CANNOT_IMPORT_HERE = {"TRITON_MSA", "CUTLASS_MSA", "FLASH_ATTN_MLA_SPARSE"}
 # Releases where a check is off by design (tests/test_releases.py BY_DESIGN): the replay passes its findings' cases there
 # unseen, and a module, which drives the code itself, may fail (NIXL's worker of 0.29 keeps the receive
 # post-processing FINDINGS #34 is about, but kvfuzz drives NIXL from 0.30).

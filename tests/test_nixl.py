@@ -373,3 +373,19 @@ def test_compressed_caches_are_moved_only_in_block_outermost_layouts(layout, dra
     assert (reason is None) == drawn, reason
     uncompressed = dataclasses.replace(case, groups=(dataclasses.replace(case.groups[0], spec=dataclasses.replace(spec, compress_ratio=1)),))
     assert nixl.CHECK.unrealistic(uncompressed) is None
+
+
+def test_synthetic_backends_that_declare_differently_are_two_backends():
+    """NIXL picks one kernel block size for the model over its backends (select_common_block_size): two groups of one
+    synthetic backend name that declare different kernel block sizes are two backends, which NIXL is not driven on."""
+    from fuzz.case import SyntheticBackend
+    from fuzz.checks import nixl
+
+    spec = SpecCase(kind="mla", block_size=64, num_kv_heads=1, head_size=576, dtype="bfloat16")
+    one = SyntheticBackend(name="alpha", kernel_block_sizes=(64,))
+    groups = tuple(GroupCase(spec=spec, layers=(f"g{i}.l0",), synthetic_backend=backend)
+                   for i, backend in enumerate((one, dataclasses.replace(one, kernel_block_sizes=(1,)))))
+    case = Case(groups=groups, num_blocks=BLOCKS, layout="BLNHC", touches=NAMED)
+    assert nixl.CHECK.unrealistic(case) == "NIXL moves a model of one attention backend"
+    alike = dataclasses.replace(case, groups=(groups[0], dataclasses.replace(groups[1], synthetic_backend=one)))
+    assert nixl.CHECK.unrealistic(alike) is None

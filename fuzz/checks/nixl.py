@@ -649,7 +649,7 @@ class NixlCheck(TouchCheck):
             # Every model with compressed caches (DeepSeek V4) has the V4 indexer, whose backend supports only BLHNC and
             # BLNHC (0.30+ DeepseekV4IndexerBackend.supported_kv_cache_layouts); 0.32 - 0.33's NIXL asserts it.
             return "a model with compressed caches runs in a block-outermost layout (its indexer's backend supports no other)"
-        if len({group.backend_name for group in case.groups}) > 1:
+        if len({(group.backend_name, group.synthetic_backend) for group in case.groups}) > 1:  # a synthetic one: by its declaration
             # NixlConnectorWorker picks one kernel block size for the model (select_common_block_size over every layer's
             # backend) and refuses, with a ValueError, groups whose backends share none.
             return "NIXL moves a model of one attention backend"
