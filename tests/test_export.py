@@ -376,7 +376,10 @@ UNEXPORTED_CANDIDATES = {
     "edab0e0ef29a-1f29844ea1602d05": "the NIXL receive exporter covers transfers into larger blocks; this one's peer is 'same'",
     "f98108137fb5-9e6e42a9d1828df0": "the NIXL receive exporter covers blocks that are one run per layer; BLNHC with 2 layer(s) is not",
     "cae353e83ba8-f8d1041deaee4684": "no exporter for refused-valid in select_common_block_size yet",
-    "781946f11671-257cb310c4a6fb01": "no exporter writes sliding_window/synthetic:beta/BHLNC/rocm yet (runner, packing, platform or vLLM-built specs)",
+    "0edc1607b90c-8b887f98e5f290ce": "the NIXL receive exporter covers blocks that are one run per layer; BHLNC with 2 layer(s) is not",
+    "aff962522f6b-167bc0eb94dffe1d": "no exporter for assert-on-invalid in register_kv_caches yet",
+    "781946f11671-257cb310c4a6fb01": "no exporter writes sliding_window/synthetic:beta/BHLNC/rocm yet (runner, packing, platform or "
+                                     "vLLM-built specs)",
 }
 
 

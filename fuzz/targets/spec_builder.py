@@ -64,6 +64,7 @@ class LayerSpecs:
         self.model_config = _obj(probe.find("ModelConfig"))
         self.cache_config = _obj(probe.find("CacheConfig"))
         self.off: str | None = None
+        self.mla_aligns = False
         self._configs: dict[str, Any] = {}
         self._mla_alignments: dict[tuple[Any, ...], Any] = {}
         self.kinds: tuple[str, ...] = ()
@@ -80,6 +81,7 @@ class LayerSpecs:
             return
         self.attention_takes = set(_parameters(self.attention.__init__))
         self.mla_reads = _mla_reads(self.mla)
+        self.mla_aligns = _declares_alignment(self.mla)
         self.canonical_mla_dtype = stored_mla_dtype(self.mla)
         self._survey(backends)
 
@@ -165,6 +167,8 @@ class LayerSpecs:
         """The block-stride alignment vLLM's MLA layer declares for a layer of `spec` on `backend` (0.31 declares the row
         width for backends that read the cache as flat rows), or None: where a release's layer, not the backend, adds
         it, a spec without it is no spec that release builds."""
+        if not self.mla_aligns:
+            return None
         key = (backend, spec.head_size, spec.cache_dtype, spec.sliding_window, spec.block_size)
         if key not in self._mla_alignments:
             alignment = None
@@ -262,6 +266,14 @@ def _module_function(cls: Any, name: str) -> Callable[..., Any] | None:
 
     function = getattr(importlib.import_module(cls.__module__), name, None)
     return function if callable(function) else None
+
+
+def _declares_alignment(cls: Any) -> bool:
+    """Whether the release's MLA layer sets a block-stride alignment in its spec (0.31), from its source."""
+    try:
+        return cls is not None and "block_stride_alignment" in inspect.getsource(cls.get_kv_cache_spec)
+    except (OSError, TypeError, AttributeError):
+        return False
 
 
 def _mla_reads(cls: Any) -> set[str]:
