@@ -139,7 +139,7 @@ def nixl_receive_test(finding: FindingFile, reach: Reach | None, check: Check) -
     how, receiver, _, _ = peer_of(finding.case)
     if how != "blocks-up":
         raise NoTemplate(f"the NIXL receive exporter covers transfers into larger blocks; this one's peer is {how!r}")
-    if receiver.layout not in ("LBHNC", "LBNHC") and not (receiver.layout in ("BLHNC", "BLNHC") and len(receiver.layer_names) == 1):
+    if receiver.layout[0] != "L" and not (receiver.layout in ("BLHNC", "BLNHC") and len(receiver.layer_names) == 1):
         # Elsewhere a layer's block is no single run of bytes: a received sub-block lands across layers or heads before
         # any post-processing, a fault of the descriptors this module does not hold.
         raise NoTemplate(f"the NIXL receive exporter covers blocks that are one run per layer; {receiver.layout} with "
