@@ -379,6 +379,7 @@ UNEXPORTED_CANDIDATES = {
     "0edc1607b90c-8b887f98e5f290ce": "the NIXL receive exporter covers blocks that are one run per layer; BHLNC with 2 layer(s) is not",
     "aff962522f6b-167bc0eb94dffe1d": "no exporter for assert-on-invalid in register_kv_caches yet",
     "c0202453d2d8-8d7c1dbbdf84bc8e": "no exporter for assert-on-invalid in _validate_remote_agent_handshake yet",
+    "361a8fd08448-fb89b41977ade18c": "the NIXL receive exporter covers blocks that are one run per layer; BLNHC with 2 layer(s) is not",
     "f30e10b81dff-fa1c2687429e4530": "no exporter for transfer-overlap in register_kv_caches yet",
     "781946f11671-257cb310c4a6fb01": "no exporter writes sliding_window/synthetic:beta/BHLNC/rocm yet (runner, packing, platform or "
                                      "vLLM-built specs)",
