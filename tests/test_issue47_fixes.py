@@ -64,7 +64,7 @@ FINDINGS = REPO / "corpus" / "findings"
 # - FINDINGS #34: a played NIXL transfer into larger blocks, judged on 0.31 now that the recording agent answers
 #   get_xfer_telemetry as nixl does (0.30 - 0.31 read it unguarded, and every played transfer there failed unjudged).
 REPLAYED = [("cbc8e1ed099a-d6fa183ae7e3ba72", "0.30.0", "expected"), ("cbc8e1ed099a-d6fa183ae7e3ba72", "0.31.0", "fixed"),
-            ("8decbd031774-3b6b1a53c47fe2b0", "0.31.0", "expected"), ("8decbd031774-3b6b1a53c47fe2b0", "0.32.0", "fixed")]
+            ("2b395bd3c658-3b6b1a53c47fe2b0", "0.31.0", "expected"), ("2b395bd3c658-3b6b1a53c47fe2b0", "0.32.0", "fixed")]
 
 
 @pytest.mark.slow
@@ -85,3 +85,23 @@ def test_cases_judged_wrongly_before_a_fix_replay_as_recorded(stem, version, sta
     with Pool(source, workers=1) as pool:
         outcome = replay_entry(RemoteTarget(pool), entry, "cpu", known=expected_signatures([entry], version))
     assert outcome.status == status, outcome
+
+
+def played_record(sent: list[int], received: list[int], heads: list[int]) -> dict:
+    wrong = [{"token": 0, "receiver_block": received[0], "heads": heads, "layer": "l0"}]
+    return {"where": "NixlPullConnectorWorker.start_load_kv", "sent": sent, "received": received, "failed": [],
+            "refused": [], "wrong": wrong}
+
+
+def test_a_wrong_transfer_is_one_signature_whatever_heads_and_blocks_it_scrambles():
+    """A played transfer that leaves other bytes in the receiver is one bug however many heads or blocks show it: the
+    message counts them, so each list length is not a new signature (issue 47's re-runs met each as "new")."""
+    from fuzz.checks.nixl import judge_played
+    from fuzz.checks.protocol import Judging
+
+    judging = Judging(case=a_case(), contract=None, expected=None, outcome=None, verdict="pass")
+    one = judge_played(judging, played_record([1], [1], [1]), "start_load_kv")
+    many = judge_played(judging, played_record([1, 2], [3], [1, 2, 3, 4, 5, 6, 7]), "start_load_kv")
+    assert one.kind == many.kind == "transfer-wrong"
+    assert one.signature == many.signature
+    assert "7 head(s), head 1 first" in many.message and "2 sender block(s)" in many.message

@@ -689,7 +689,8 @@ def judge_played(judging: Judging, record: Record, function: str) -> Finding | N
     head, and no byte of the receiver changed outside the receiving blocks. A receive vLLM reported failed is its refusal,
     never a finding."""
     case = judging.case
-    where = f"{record['where']}: sender blocks {record['sent']} into receiver blocks {record['received']}"
+    # Counts, not lists: the signature strips numbers, so a list would make each length of it a bug of its own.
+    where = f"{record['where']}: {len(record['sent'])} sender block(s) played into {len(record['received'])} receiver block(s)"
     if record["failed"]:
         return None
     if record["refused"]:
@@ -698,8 +699,9 @@ def judge_played(judging: Judging, record: Record, function: str) -> Finding | N
                                                              f"remote one of {pair['remote'][1]}, or lies outside registered memory")
     if record["wrong"]:
         first = record["wrong"][0]
-        return observed(case, "transfer-wrong", function, f"{where}: token {first['token']} (receiver block {first['receiver_block']}) "
-                                                          f"holds other bytes than the sender's in heads {first['heads']}", first["layer"])
+        return observed(case, "transfer-wrong", function, f"{where}: token {first['token']} of receiver block {first['receiver_block']} "
+                                                          f"holds other bytes than the sender's in {len(first['heads'])} head(s), "
+                                                          f"head {first['heads'][0]} first", first["layer"])
     stray = transfer.stray(record["changed"], record["allowed"] + received_tiles(judging, record))
     if stray:
         return observed(case, "transfer-stray", function, f"{where}: the transfer changed {stray} of the receiver outside the receiving blocks")
