@@ -62,6 +62,8 @@ SPEC_KINDS = (
     "mamba",
 )
 MLA_KINDS = ("mla", "sliding_window_mla")
+# The dtypes a model (vLLM's ModelConfig) runs in: a cache dtype "auto" stores one of them.
+MODEL_DTYPES = ("bfloat16", "float16", "float32")
 WINDOWED_KINDS = ("sliding_window", "sliding_window_mla")
 
 # Element sizes of the torch dtypes a spec may store, by their torch attribute name.
@@ -236,6 +238,15 @@ class GroupCase:
     # Layers of one type that differ in size (vLLM's UniformTypeKVCacheSpecs, packing "uniform_type"): each
     # layer's KV heads, in layer order. Empty: every layer has spec.num_kv_heads.
     layer_heads: tuple[int, ...] = ()
+    # Layers of one group stored at two precisions (vLLM's `--kv-cache-dtype-skip-layers`): each layer's cache, in layer
+    # order, either the spec's own cache dtype or the model dtype a skipped layer keeps (its cache dtype "auto").
+    # Empty: every layer has spec.cache_dtype.
+    layer_cache_dtypes: tuple[str, ...] = ()
+
+    @property
+    def differs_per_layer(self) -> bool:
+        """Whether the group's layers differ in size (vLLM's UniformTypeKVCacheSpecs): in heads or in precision."""
+        return bool(self.layer_heads or self.layer_cache_dtypes)
 
     @property
     def backend_name(self) -> str:
@@ -245,9 +256,18 @@ class GroupCase:
 
     def layer_spec(self, position: int) -> SpecCase:
         """The spec of the group's layer at `position`."""
-        if not self.layer_heads:
-            return self.spec
-        return replace(self.spec, num_kv_heads=self.layer_heads[position])
+        spec = self.spec
+        if self.layer_heads:
+            spec = replace(spec, num_kv_heads=self.layer_heads[position])
+        if self.layer_cache_dtypes and self.layer_cache_dtypes[position] != spec.cache_dtype:
+            spec = replace(spec, cache_dtype="auto", dtype=self.layer_cache_dtypes[position], kv_quant_mode="none")
+        return spec
+
+    def of_layer(self, position: int) -> GroupCase:
+        """The group as its layer at `position` sees it: that layer's own spec, no per-layer fields."""
+        if not self.differs_per_layer:
+            return self
+        return replace(self, spec=self.layer_spec(position), layer_heads=(), layer_cache_dtypes=())
 
     @property
     def layer_specs(self) -> tuple[SpecCase, ...]:
@@ -336,8 +356,9 @@ def to_dict(case: Case) -> dict[str, Any]:
     if case.touches is None:
         del data["touches"]  # cases without consumers keep the JSON (and content hash) they always had
     for group in data["groups"]:
-        if not group["layer_heads"]:
-            del group["layer_heads"]
+        for name in ("layer_heads", "layer_cache_dtypes"):
+            if not group[name]:
+                del group[name]
     return data
 
 
@@ -405,6 +426,16 @@ def validate(case: Case) -> None:
             _expect(group.spec.is_attention and not group.spec.is_mla, f"{where}.layer_heads",
                     "only attention layers with KV heads (not MLA) differ in heads")
             _expect(case.packing == "uniform_type", f"{where}.layer_heads", "layers that differ in size need packing uniform_type")
+        if group.layer_cache_dtypes:
+            spec, where_dtypes = group.spec, f"{where}.layer_cache_dtypes"
+            _expect(len(group.layer_cache_dtypes) == len(group.layers), where_dtypes, "must give one cache dtype per layer")
+            _expect(spec.cache_dtype != "auto" and not spec.registered_cache_dtype, where_dtypes,
+                    "layers skip the quantization of a quantized cache dtype only")
+            _expect(all(d in (spec.cache_dtype, *MODEL_DTYPES) for d in group.layer_cache_dtypes), where_dtypes,
+                    f"each is the spec's cache dtype {spec.cache_dtype!r} or a model dtype ({', '.join(MODEL_DTYPES)})")
+            _expect(spec.is_attention and not spec.is_mla and spec.num_head_slots is None and spec.state_content_bytes is None,
+                    where_dtypes, "only attention layers with KV heads (not MLA) of an unpublished page differ in precision")
+            _expect(case.packing == "uniform_type", where_dtypes, "layers that differ in size need packing uniform_type")
         kbs = group.kernel_block_size
         if kbs is not None:
             _expect(kbs >= 1, f"{where}.kernel_block_size", "must be positive")
@@ -530,12 +561,18 @@ def _group_from_dict(data: Any, where: str) -> GroupCase:
         declared_shape=_optional_tuple(data.get("declared_shape"), f"{where}.declared_shape"),
         declared_stride_order=_optional_tuple(data.get("declared_stride_order"), f"{where}.declared_stride_order"),
         layer_heads=_int_tuple(data.get("layer_heads", []), f"{where}.layer_heads"),
+        layer_cache_dtypes=_str_tuple(data.get("layer_cache_dtypes", []), f"{where}.layer_cache_dtypes"),
     )
 
 
 def _int_tuple(values: Any, where: str) -> tuple[int, ...]:
     _expect(isinstance(values, list), where, "must be a list of positive integers")
     return tuple(_int(v, where, minimum=1) for v in values)
+
+
+def _str_tuple(values: Any, where: str) -> tuple[str, ...]:
+    _expect(isinstance(values, list) and all(isinstance(v, str) for v in values), where, "must be a list of strings")
+    return tuple(values)
 
 
 def _optional_tuple(value: Any, where: str) -> tuple[Any, ...] | None:

@@ -29,6 +29,7 @@ import oracles
 from fuzz.case import (
     DTYPE_SIZES,
     MLA_KINDS,
+    MODEL_DTYPES,
     PACKINGS,
     RUNNERS,
     WINDOWED_KINDS,
@@ -55,8 +56,6 @@ MAMBA_DTYPES = ("float32", "bfloat16", "float16")
 # DeepSeek records a release builds only from a version on: V4.1's MXFP8 record, 528 bytes a token, from vLLM 0.30.0
 # (vllm/models/deepseek_v41, "V4.1 (528 B)"; 0.28 - 0.29 size fp8_ds_mla caches at 584 or 656 bytes only).
 RECORDS_SINCE = {528: (0, 30)}
-# The dtypes a model (vLLM's ModelConfig) runs in.
-MODEL_DTYPES = ("bfloat16", "float16", "float32")
 ALL_DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2", "uint8", "int8")
 # Declared cache shapes of synthetic backends on backend-shaped releases, with the stride
 # orders such a backend may declare; each covers heads x (K + V) or one MLA latent per slot.
@@ -301,7 +300,7 @@ def _with_options(source: Source, info: TargetInfo, case: Case) -> Case:
         packing = source.choice(offered) if offered else "none"
     if packing == "uniform_type" and info.contract.layout_placed:
         # From 0.29 vLLM's planner sees a UniformTypeKVCacheSpecs group only for layers that differ in size.
-        case = replace(case, groups=tuple(_differing_heads(source, g) for g in case.groups))
+        case = replace(case, groups=tuple(_differing_layers(source, info, g) for g in case.groups))
     elif packing == "uniform_type" and info.contract.page_buckets and len(case.groups) > 1:
         # DeepSeek V4's planner (0.23) buffers such groups by page size: let later groups' pages differ.
         case = replace(case, groups=case.groups[:1] + tuple(_fewer_heads(source, g) for g in case.groups[1:]))
@@ -314,6 +313,47 @@ def _with_options(source: Source, info: TargetInfo, case: Case) -> Case:
     if packing != "none" and not source.chance(KEEP_REJECTED) and not oracles.expect(options, info.contract).accepted:
         source.reject()
     return options
+
+
+def _differing_layers(source: Source, info: TargetInfo, group: GroupCase) -> GroupCase:
+    """The group's layers made to differ in size: in KV heads, in precision, or in both, as far as the group can."""
+    heads, precision = _can_differ_in_heads(group), bool(_skipped_dtypes(group, info))
+    both = heads and precision and source.chance(30)
+    if heads and (both or not precision or source.chance(60)):
+        group = _differing_heads(source, group)
+    if precision and (both or not group.layer_heads):
+        group = _differing_precision(source, info, group)
+    return group
+
+
+def _differing_precision(source: Source, info: TargetInfo, group: GroupCase) -> GroupCase:
+    """Some of the group's layers skip its cache dtype's quantization (vLLM's `--kv-cache-dtype-skip-layers`): they keep the
+    model dtype, one for the whole model, so the group holds layers of two page sizes. At least one layer skips and one
+    does not."""
+    model = source.choice(_skipped_dtypes(group, info))
+    skipped = [source.chance(40) for _ in group.layers]
+    if all(skipped) or not any(skipped):
+        skipped[-1] = not skipped[-1]
+    return replace(group, layer_cache_dtypes=tuple(model if skip else group.spec.cache_dtype for skip in skipped))
+
+
+def _skipped_dtypes(group: GroupCase, info: TargetInfo) -> list[str]:
+    """The model dtypes a layer of the group that skips the cache's quantization may keep (none: no layer can skip): the
+    group's cache dtype is a quantized one of the release's, its backend also stores plain caches of that model dtype, and
+    nothing else about the page depends on the precision (published fields, padding, rotary dims)."""
+    spec = group.spec
+    definition = dtypes.definition(spec.cache_dtype)
+    quantized = definition is not None and definition.quant_modes != ("none",) and not spec.registered_cache_dtype
+    plain = spec.is_attention and not spec.is_mla and quantized
+    if len(group.layers) < 2 or not plain or spec.rope_dim is not None or spec.page_size_padded is not None \
+            or (spec.num_head_slots, spec.state_content_bytes) != (None, None):
+        return []
+    if group.synthetic_backend is not None:
+        return list(MODEL_DTYPES)
+    backend = next((b for b in info.backends if b.name == group.backend), None)
+    if backend is None or "auto" not in backend.cache_dtypes:
+        return []
+    return [dtype for dtype in ordered(backend.model_dtypes, MODEL_DTYPES) if dtype in MODEL_DTYPES]
 
 
 def _differing_heads(source: Source, group: GroupCase) -> GroupCase:
@@ -338,7 +378,7 @@ def _fewer_heads(source: Source, group: GroupCase) -> GroupCase:
     return replace(group, spec=replace(spec, num_kv_heads=edge_int(source, 1, spec.num_kv_heads - 1)))
 
 
-def _can_differ(group: GroupCase) -> bool:
+def _can_differ_in_heads(group: GroupCase) -> bool:
     spec = group.spec
     most = spec.num_kv_heads if spec.page_size_padded is not None else MAX_HEADS
     return len(group.layers) > 1 and spec.is_attention and not spec.is_mla and spec.num_head_slots is None and most > 1
@@ -359,8 +399,8 @@ def packing_reason(case: Case, info: TargetInfo, packing: str) -> str | None:
             return "UniformTypeKVCacheSpecs hold attention layers only"
         if len(case.groups) > 1 and info.contract.packing == "none" and not info.contract.page_buckets:
             return "this vLLM plans one group of UniformTypeKVCacheSpecs only"
-        if info.contract.layout_placed and not all(_can_differ(g) for g in case.groups):
-            return "from 0.29 a UniformTypeKVCacheSpecs group holds layers with KV heads that differ in size"
+        if info.contract.layout_placed and not all(_can_differ_in_heads(g) or _skipped_dtypes(g, info) for g in case.groups):
+            return "from 0.29 a UniformTypeKVCacheSpecs group holds layers that differ in KV heads or in precision"
     return None
 
 
@@ -373,7 +413,7 @@ def layer_reason(case: Case, info: TargetInfo) -> str | None:
         spec = group.spec
         if spec.kind not in info.layer_kinds:
             return f"field spec_source: kvfuzz builds no {spec.kind} layer for vLLM {info.vllm_version}"
-        if group.layer_heads:
+        if group.differs_per_layer:
             return "field spec_source: kvfuzz builds layers of one size per group"
         if group.backend is None or group.backend not in info.layer_backends:
             return f"field spec_source: no {group.backend_name} layer builds here"
@@ -722,8 +762,8 @@ def unrealistic(case: Case, info: TargetInfo) -> str | None:
         return why
     if case.packing == "uniform_type" and not shaped and any(len(set(g.layer_specs)) < 2 for g in case.groups):
         return "from 0.29 vLLM makes a UniformTypeKVCacheSpecs group only of layers that differ in size"
-    if shaped and any(g.layer_heads for g in case.groups):
-        return "kvfuzz draws layers that differ in heads from 0.29 only"
+    if shaped and any(g.differs_per_layer for g in case.groups):
+        return "kvfuzz draws layers that differ in size from 0.29 only"
     if case.spec_source == "vllm" and (why := layer_reason(case, info)) is not None:
         return why
     if (why := layout_reason(case, info)) is not None:

@@ -97,10 +97,10 @@ def expect(case: Case, contract: Contract) -> Expectation:
 def runs(group: GroupCase) -> list[GroupCase]:
     """The group's layers in runs of one spec each (rules.same_spec_runs), each a group of its own: the whole group when its
     layers are alike."""
-    if not group.layer_heads:
+    if not group.differs_per_layer:
         return [group]
-    return [dataclasses.replace(group, spec=group.layer_spec(positions[0]), layers=tuple(group.layers[i] for i in positions),
-                                layer_heads=()) for positions in rules.same_spec_runs(group.layer_specs)]
+    return [dataclasses.replace(group.of_layer(positions[0]), layers=tuple(group.layers[i] for i in positions))
+            for positions in rules.same_spec_runs(group.layer_specs)]
 
 
 def _reject_reason(case: Case) -> tuple[str | None, str | None]:

@@ -19,7 +19,6 @@ Byte sets are `{buffer: Spans}`: per buffer sorted, disjoint intervals, worked o
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -264,8 +263,7 @@ def token_map(case: Case, expected: Expectation, layer: str, block: int, positio
     want = expected.layers[layer]
     group = case.groups[want.group]
     owner = dict(case.kv_sharing).get(layer, layer)
-    if group.layer_heads:  # layers that differ in heads: this layer's own spec
-        group = dataclasses.replace(group, spec=group.layer_spec(group.layers.index(owner)), layer_heads=())
+    group = group.of_layer(group.layers.index(owner))  # layers that differ in size: this layer's own spec
     view = want.views[0]
     spec = group.spec
     axes = _axes(group, len(view.shape))

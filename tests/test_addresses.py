@@ -112,7 +112,7 @@ def check_layers_that_differ(case: Case, expectation, index: int) -> int:
 def check_group(case: Case, expectation, index: int) -> int:
     """Compare every element of every layer of group `index` with the enumeration; the number of elements checked."""
     group = case.groups[index]
-    if group.layer_heads:
+    if group.differs_per_layer:
         return check_layers_that_differ(case, expectation, index)
     page = pages.page(group.spec)
     extents = extents_of(case, group.spec, len(group.layers))
@@ -194,9 +194,15 @@ def differing_layer_cases(draw: st.DrawFn) -> Case:
         unpadded = pages.page(dataclasses.replace(spec, page_size_padded=None)).page_bytes
         spec = dataclasses.replace(spec, page_size_padded=max(spec.page_size_padded, unpadded))
     most = spec.num_kv_heads if spec.page_size_padded is not None else 3
-    heads = tuple(draw(st.integers(1, most)) for _ in range(draw(st.integers(2, 3))))
-    group = GroupCase(spec=spec, layers=tuple(f"l{i}" for i in range(len(heads))), synthetic_backend=SyntheticBackend("any"),
-                      kernel_block_size=block_size, layer_heads=heads)
+    count = draw(st.integers(2, 3))
+    heads = tuple(draw(st.integers(1, most)) for _ in range(count))
+    dtypes: tuple[str, ...] = ()
+    if spec.page_size_padded is None and draw(st.booleans()):  # layers that skip an fp8 cache's quantization keep bf16
+        spec = dataclasses.replace(spec, cache_dtype="fp8", dtype="float8_e4m3fn", kv_quant_mode="fp8_per_tensor", head_size_v=None)
+        dtypes = tuple(draw(st.sampled_from(("fp8", "bfloat16"))) for _ in range(count))
+        heads = heads if draw(st.booleans()) else ()
+    group = GroupCase(spec=spec, layers=tuple(f"l{i}" for i in range(count)), synthetic_backend=SyntheticBackend("any"),
+                      kernel_block_size=block_size, layer_heads=heads, layer_cache_dtypes=dtypes)
     return Case(groups=(group,), num_blocks=draw(st.integers(1, 3)), layout=layout, packing="uniform_type")
 
 
@@ -226,9 +232,11 @@ def test_layers_that_differ_are_checked_in_both_layout_families():
     def collect(case):
         if expect(case, LAYOUT_PLACED_KERNEL_MAP).accepted and len(set(case.groups[0].layer_specs)) > 1:
             seen.add(case.layout[0] + ("-padded" if case.groups[0].spec.page_size_padded is not None else ""))
+            if len({spec.dtype for spec in case.groups[0].layer_specs}) > 1:
+                seen.add(case.layout[0] + "-precision")
 
     collect()
-    assert seen >= {"B", "L", "B-padded", "L-padded"}
+    assert seen >= {"B", "L", "B-padded", "L-padded", "B-precision", "L-precision"}
 
 
 def test_every_layout_and_split_is_checked():

@@ -79,6 +79,7 @@ def surface_counts(info: TargetInfo, sample: int = SAMPLE, seed: int = 1) -> Cou
         drawn["platform=" + case.platform] += 1
         drawn["attention_free"] += not case.groups
         drawn["layers_differ"] += any(len(set(g.layer_specs)) > 1 for g in case.groups)
+        drawn["precisions_differ"] += any(len({s.dtype for s in g.layer_specs}) > 1 for g in case.groups)
         drawn["value_heads_differ"] += any(g.spec.head_size_v not in (None, g.spec.head_size) for g in case.groups)
         several_uniform = case.packing == "uniform_type" and len(case.groups) > 1
         drawn["page_buckets"] += several_uniform and len({pages.page(g.spec).page_bytes for g in case.groups}) > 1
@@ -99,7 +100,8 @@ def test_every_generation_reaches_the_whole_surface_it_has(version):
     """One release per generation (and 0.25, where the CPU runner's zeroer appears): each runner, packing, consumer,
     platform and quantized cache dtype the release has, vLLM-built specs where its layers build, attention-free models,
     K and V heads of different sizes where a backend takes them, several UniformTypeKVCacheSpecs groups of different page
-    sizes where the planner buckets them (0.20 - 0.23), and from 0.29 layers that differ in size, are drawn."""
+    sizes where the planner buckets them (0.20 - 0.23), and from 0.29 layers that differ in size and in precision
+    (`--kv-cache-dtype-skip-layers`), are drawn."""
     info = release_info(version)
     drawn = surface_counts(info, sample=2000)
     # The attention read-back is drawn only with a group on a backend whose forward it reads (CPU_ATTN, TRITON_ATTN), which a
@@ -109,7 +111,7 @@ def test_every_generation_reaches_the_whole_surface_it_has(version):
               + ["consumer=" + c for c in consumers]
               + (["spec_source=vllm"] if info.layer_kinds else [])
               + ["platform=" + p for p in info.platforms] + (["attention_free"] if info.attention_free else [])
-              + (["layers_differ"] if info.contract.layout_placed and "uniform_type" in info.packings else [])
+              + (["layers_differ", "precisions_differ"] if info.contract.layout_placed and "uniform_type" in info.packings else [])
               + (["page_buckets"] if info.contract.page_buckets and "uniform_type" in info.packings else [])
               + (["value_heads_differ"] if info.can("full", "head_size_v") and any(takes_value_heads(info, b) for b in info.backends) else [])
               + ["quantized=" + d for d in info.cache_dtypes if d not in PLAIN_CACHE_DTYPES

@@ -139,9 +139,8 @@ def test_token_maps_match_the_per_byte_listing():
                             touch.kernel_rows(view, case.num_blocks - 1), axis=view.block_axis)
             assert np.array_equal(got.block_bytes, np.unique(element_bytes(block.reshape(-1), view.element_size)))
             group = case.groups[expected.layers[layer].group]
-            if group.layer_heads:
-                owner = dict(case.kv_sharing).get(layer, layer)
-                group = dataclasses.replace(group, spec=group.layer_spec(group.layers.index(owner)), layer_heads=())
+            owner = dict(case.kv_sharing).get(layer, layer)
+            group = group.of_layer(group.layers.index(owner))
             axes = touch._axes(group, len(view.shape))
             assert axes is not None
             for head, allowed in got.head_bytes.items():

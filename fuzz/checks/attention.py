@@ -203,7 +203,7 @@ def not_read(group: GroupCase) -> str | None:
         return "a compressed, sink or state cache"
     if group.synthetic_backend is not None:
         return "a synthetic backend has no forward"
-    if group.layer_heads:
+    if group.differs_per_layer:
         return "layers of different sizes in one group"
     if spec.head_size_v not in (None, spec.head_size):
         return "K and V heads of different sizes"

@@ -115,7 +115,8 @@ def _touches_size(case: Case) -> tuple[int, int]:
 
 def _options(group: GroupCase) -> int:
     spec = group.spec
-    return ((group.synthetic_backend is not None) + bool(group.layer_heads) + (spec.page_size_padded is not None) + (spec.alignment is not None)
+    return ((group.synthetic_backend is not None) + bool(group.layer_heads) + bool(group.layer_cache_dtypes)
+            + (spec.page_size_padded is not None) + (spec.alignment is not None)
             + (spec.head_size_v is not None) + (spec.cache_dtype != "auto") + (spec.dtype != "bfloat16"))
 
 
@@ -145,7 +146,9 @@ def _drop_layers(case: Case, info: TargetInfo) -> Iterator[Case]:
     for index, group in enumerate(case.groups):
         for kept in _without_chunks(tuple(range(len(group.layers)))):
             heads = tuple(group.layer_heads[i] for i in kept) if group.layer_heads else ()
-            yield _with_group(case, index, dataclasses.replace(group, layers=tuple(group.layers[i] for i in kept), layer_heads=heads))
+            dtypes = tuple(group.layer_cache_dtypes[i] for i in kept) if group.layer_cache_dtypes else ()
+            yield _with_group(case, index, dataclasses.replace(group, layers=tuple(group.layers[i] for i in kept), layer_heads=heads,
+                                                               layer_cache_dtypes=dtypes))
 
 
 def _smaller_numbers(case: Case, info: TargetInfo) -> Iterator[Case]:
@@ -173,7 +176,9 @@ def _simpler_options(case: Case, info: TargetInfo) -> Iterator[Case]:
         yield dataclasses.replace(case, runner=runner)
     if any(g.layer_heads for g in case.groups):
         yield dataclasses.replace(case, groups=tuple(dataclasses.replace(g, layer_heads=()) for g in case.groups))
-    if case.packing != "none" and not any(g.layer_heads for g in case.groups):
+    if any(g.layer_cache_dtypes for g in case.groups):
+        yield dataclasses.replace(case, groups=tuple(dataclasses.replace(g, layer_cache_dtypes=()) for g in case.groups))
+    if case.packing != "none" and not any(g.differs_per_layer for g in case.groups):
         yield dataclasses.replace(case, packing="none")
     if case.platform != "cuda":
         yield dataclasses.replace(case, platform="cuda")

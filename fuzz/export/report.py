@@ -30,6 +30,9 @@ def configuration(case: Case, reach: Reach) -> list[str]:
         heads = f"{', '.join(map(str, group.layer_heads))} KV heads (one per layer)" if group.layer_heads else f"{spec.num_kv_heads} KV head(s)"
         kind = {"full": "full-attention", "mla": "MLA", "sliding_window": f"sliding-window ({spec.sliding_window})"}.get(spec.kind, spec.kind)
         dtype = spec.dtype if spec.cache_dtype == "auto" else f"{spec.cache_dtype} (stored as {spec.dtype})"
+        if group.layer_cache_dtypes:
+            skipped = [str(i) for i, d in enumerate(group.layer_cache_dtypes) if d != spec.cache_dtype]
+            dtype += f", layers {', '.join(skipped)} skipped (`--kv-cache-dtype-skip-layers {','.join(skipped)}`)"
         packed = ", one KV-cache group of layers that differ in size (`UniformTypeKVCacheSpecs`)" if case.packing == "uniform_type" else ""
         lines.append(f"- Model: {len(group.layers)} {kind} layer(s), {heads}, head size {spec.head_size}, KV cache {dtype}, "
                      f"`--block-size {spec.block_size}`{packed} (group {index})")

@@ -49,7 +49,7 @@ def check_groups(finding: FindingFile, synthetic: bool = False) -> list[GroupCas
             raise NoTemplate("this exporter writes no synthetic backend beside other KV-cache groups")
         if group.synthetic_backend is None and group.backend is None and group.spec.kind != "mamba":
             raise NoTemplate("an attention group without a backend")
-        if group.layer_heads:
+        if group.differs_per_layer:
             raise NoTemplate("no exporter builds a model of several KV-cache groups whose layers differ in size yet")
     if case.kv_sharing or case.packing != "none":
         raise NoTemplate("no exporter builds KV-sharing layers or UniformTypeKVCacheSpecs groups in a model of several "
@@ -231,11 +231,13 @@ def _one_group_specs(group: GroupCase, module: Module) -> tuple[list[str], str, 
         lines = [f"backend = {backend_class_name(group.synthetic_backend)}"]
     else:
         lines = shipped_backend("backend", "BACKEND", group.backend, module)
-    if group.layer_heads:
+    if group.differs_per_layer:
         module.names.add("UniformTypeKVCacheSpecs")
+        for spec in group.layer_specs:
+            module.names.update(spec_names(spec_call(spec)))
         lines.append("layer_specs = {")
-        lines += [f"    LAYERS[{i}]: customize_attention_spec(backend, {spec_call(group.spec, heads)}),"
-                  for i, heads in enumerate(group.layer_heads)]
+        lines += [f"    LAYERS[{i}]: customize_attention_spec(backend, {spec_call(spec)}),"
+                  for i, spec in enumerate(group.layer_specs)]
         lines += ["}", f"group_spec = UniformTypeKVCacheSpecs(block_size={group.spec.block_size}, kv_cache_specs=layer_specs)"]
     else:
         lines += [f"spec = customize_attention_spec(backend, {spec_call(group.spec)})",

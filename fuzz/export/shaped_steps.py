@@ -110,8 +110,8 @@ def check_case(finding: FindingFile, both_runners: bool = False) -> None:
     if not case.groups:
         raise NoTemplate("an attention-free model has no views to check")
     for group in case.groups:
-        if group.layer_heads:
-            raise NoTemplate("the pre-0.29 view exporter writes no layers that differ in heads yet")
+        if group.differs_per_layer:
+            raise NoTemplate("the pre-0.29 view exporter writes no layers that differ in size yet")
         if group.spec.kind != "mamba" and group.backend is None and group.synthetic_backend is None:
             raise NoTemplate("an attention group without a backend")
         backend = group.synthetic_backend

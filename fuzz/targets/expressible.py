@@ -66,8 +66,9 @@ class Expressible:
             return f"field platform: vLLM {info.vllm_version}'s allocation asks no {case.platform} question"
         if not case.groups and not info.attention_free:
             return "field groups: kvfuzz judges attention-free models from vLLM 0.29"
-        if any(g.layer_heads for g in case.groups) and not info.contract.layout_placed:
-            return "field layer_heads: kvfuzz judges layers that differ in heads from vLLM 0.29 (one page size a pool before)"
+        if any(g.differs_per_layer for g in case.groups) and not info.contract.layout_placed:
+            field = "layer_heads" if any(g.layer_heads for g in case.groups) else "layer_cache_dtypes"
+            return f"field {field}: kvfuzz judges layers that differ in size from vLLM 0.29 (one page size a pool before)"
         if case.spec_source == "vllm":
             reason = layer_reason(case, info)
             if reason is not None:

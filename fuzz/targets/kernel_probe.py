@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fuzz.case import GroupCase, Touches, replace
+from fuzz.case import GroupCase, Touches
 from fuzz.checks.protocol import Unusable
 from fuzz.targets import byte_runs, readback, triton_interp
 from fuzz.targets.base import encode_bytes
@@ -80,9 +80,7 @@ def run(walk: Walk, touches: Touches | None, mla_layer: type | None) -> dict[str
 
 def layer_group(group: GroupCase, position: int) -> GroupCase:
     """The group as its layer at `position` sees it: with that layer's own spec where the group's layers differ in size."""
-    if not group.layer_heads:
-        return group
-    return replace(group, spec=group.layer_spec(position), layer_heads=())
+    return group.of_layer(position)
 
 
 def tokens(group: GroupCase, num_blocks: int, touches: Touches | None) -> list[tuple[int, int]]:

@@ -114,8 +114,8 @@ class LayoutPlacedTarget(Adapter):
         built = self.build_spec(group.spec)
         custom = self.customize(backend, built) if self.customize else backend.customize_spec(built)
         self._check_published(group, built, custom)
-        if group.layer_heads and (custom.num_head_slots, custom.state_content_bytes) != (None, None):
-            raise Inexpressible(f"layers that differ in heads on {group.backend_name}, which publishes its page per spec")
+        if group.differs_per_layer and (custom.num_head_slots, custom.state_content_bytes) != (None, None):
+            raise Inexpressible(f"layers that differ in size on {group.backend_name}, which publishes its page per spec")
         alignment = getattr(custom, "block_stride_alignment", None)
         if alignment is None and group.spec.is_mla and self.layer_specs is not None:
             alignment = self.layer_specs.mla_block_stride_alignment(backend, group.spec)

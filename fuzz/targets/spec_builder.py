@@ -46,7 +46,6 @@ MLA_ATTRIBUTES = ("head_size", "kv_cache_dtype", "attn_backend", "sliding_window
                   "topk_buffer_width", "impl")
 # DeepSeek's MLA head: the latent (kv_lora_rank) and the rotary part; the implementation's constructor keeps both.
 MLA_LATENT = 512
-MODEL_DTYPES = ("bfloat16", "float16", "float32")
 REFUSALS = (ValueError, NotImplementedError)
 
 

@@ -409,7 +409,7 @@ class Walker:
         backend = self.backend_class(group) or self.base_backend
         members = config.kv_cache_groups[index].layer_names
         per_layer = getattr(config.kv_cache_groups[index].kv_cache_spec, "kv_cache_specs", None)
-        if not group.layer_heads or per_layer is None:
+        if not group.differs_per_layer or per_layer is None:
             return [self.attention_group.obj(backend=backend, layer_names=list(members), kv_cache_spec=spec, kv_cache_group_id=index)]
         targets = dict(case.kv_sharing)
         by_spec: dict[Any, list[str]] = {}
