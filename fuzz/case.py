@@ -260,7 +260,8 @@ class GroupCase:
         if self.layer_heads:
             spec = replace(spec, num_kv_heads=self.layer_heads[position])
         if self.layer_cache_dtypes and self.layer_cache_dtypes[position] != spec.cache_dtype:
-            spec = replace(spec, cache_dtype="auto", dtype=self.layer_cache_dtypes[position], kv_quant_mode="none")
+            # A quantized format's published state (its scales) is not the plain cache's.
+            spec = replace(spec, cache_dtype="auto", dtype=self.layer_cache_dtypes[position], kv_quant_mode="none", state_content_bytes=None)
         return spec
 
     def of_layer(self, position: int) -> GroupCase:
@@ -433,8 +434,7 @@ def validate(case: Case) -> None:
                     "layers skip the quantization of a quantized cache dtype only")
             _expect(all(d in (spec.cache_dtype, *MODEL_DTYPES) for d in group.layer_cache_dtypes), where_dtypes,
                     f"each is the spec's cache dtype {spec.cache_dtype!r} or a model dtype ({', '.join(MODEL_DTYPES)})")
-            _expect(spec.is_attention and not spec.is_mla and spec.num_head_slots is None and spec.state_content_bytes is None,
-                    where_dtypes, "only attention layers with KV heads (not MLA) of an unpublished page differ in precision")
+            _expect(spec.is_attention and not spec.is_mla, where_dtypes, "only attention layers with KV heads (not MLA) differ in precision")
             _expect(case.packing == "uniform_type", where_dtypes, "layers that differ in size need packing uniform_type")
         kbs = group.kernel_block_size
         if kbs is not None:

@@ -28,6 +28,7 @@ from typing import NoReturn, Protocol, TypeVar
 import oracles
 from fuzz.case import (
     DTYPE_SIZES,
+    LAYOUT_EQUIVALENTS,
     MLA_KINDS,
     MODEL_DTYPES,
     PACKINGS,
@@ -88,6 +89,8 @@ KEEP_REJECTED = 30
 FORCED_LAYOUT = 5
 # Models with no KV cache at all (attention-free: the planner's early return), percent of cases.
 ATTENTION_FREE = 2
+# Models of Mamba layers only (Mamba, Mamba2 and their kin: one group of states, no attention page), percent of cases.
+MAMBA_ONLY = 3
 
 
 class Source(Protocol):
@@ -284,6 +287,8 @@ def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_grou
     case = _with_options(source, info, case)
     if info.attention_free and source.chance(ATTENTION_FREE):
         return Case(groups=(), num_blocks=case.num_blocks, layout=case.layout)
+    if "mamba" in info.spec_kinds and source.chance(MAMBA_ONLY):
+        case = _mamba_only(source, info, case)
     if not touches:
         return case
     # Drawn after them, so the layout a seed draws does not depend on them (campaigns keep them on some cases only: for_run).
@@ -401,7 +406,25 @@ def packing_reason(case: Case, info: TargetInfo, packing: str) -> str | None:
             return "this vLLM plans one group of UniformTypeKVCacheSpecs only"
         if info.contract.layout_placed and not all(_can_differ_in_heads(g) or _skipped_dtypes(g, info) for g in case.groups):
             return "from 0.29 a UniformTypeKVCacheSpecs group holds layers that differ in KV heads or in precision"
+        if info.contract.layout_placed and not _block_compact(case.layout):
+            return MIXED_SHAPES_RULE
     return None
+
+
+# vLLM 0.29+ resolves the layout once per model, before any view (v1/attention/backends/utils.py resolve_kv_cache_layout:
+# "If not block-compact, each spec must agree on HNC to alias the same page"; an explicit VLLM_KV_CACHE_LAYOUT outside the
+# candidates left "does not satisfy every supported set"). kvfuzz hands the allocation the case's layout directly, so a
+# case of mixed page shapes in another layout is one no deployment reaches.
+MIXED_SHAPES_RULE = "vLLM's layout resolution keeps block-compact layouts only (L and B outermost) for pages of mixed shapes"
+
+
+def _block_compact(layout: str) -> bool:
+    return set(LAYOUT_EQUIVALENTS.get(layout, layout)[:2]) == {"L", "B"}
+
+
+def mixed_shapes(case: Case) -> bool:
+    """Whether the model's layers have pages of more than one (heads, states, bytes) shape, as the resolution compares them."""
+    return len({(p.heads, p.states, p.page_bytes) for p in (pages.page(s) for g in case.groups for s in g.layer_specs)}) > 1
 
 
 def layer_reason(case: Case, info: TargetInfo) -> str | None:
@@ -733,16 +756,34 @@ def _synthetic_kernel_sizes(source: Source, block_size: int) -> tuple[int | str,
     return tuple(sizes)
 
 
-def _mamba_spec(source: Source, block_size: int, attention_page: int, info: TargetInfo | None = None) -> SpecCase:
+def _mamba_only(source: Source, info: TargetInfo, case: Case) -> Case:
+    """A model of Mamba layers only, in place of the drawn one (its runner and platform kept): one group, as vLLM groups
+    layers of one spec, whose page is the states' own bytes (no attention page to pad to). vLLM's block size for such a
+    model is the Mamba block size (max_model_len without prefix caching): it sizes no page, so any is drawn."""
+    spec = _mamba_spec(source, edge_int(source, 1, MAX_BLOCK_SIZE), None, info)
+    group = GroupCase(spec=spec, layers=tuple(f"g0.l{j}" for j in range(source.integer(1, 4))), kernel_block_size=spec.block_size)
+    layout = source.choice(ordered(sorted(info.layouts), LAYOUT_ORDER))
+    per_block = pages.page(spec).page_bytes * len(group.layers)
+    most = max(1, min(MAX_BUFFER_BYTES // per_block, 4))
+    mamba = replace(case, groups=(group,), num_blocks=edge_int(source, 1, most), layout=layout, kv_sharing=(), packing="none",
+                    spec_source="case")
+    if not source.chance(KEEP_REJECTED) and not oracles.expect(mamba, info.contract).accepted:
+        source.reject()
+    return mamba
+
+
+def _mamba_spec(source: Source, block_size: int, attention_page: int | None, info: TargetInfo | None = None) -> SpecCase:
     shapes = tuple(tuple(edge_int(source, 1, 16) for _ in range(source.integer(1, 3))) for _ in range(source.integer(1, 2)))
     state_dtypes = tuple(source.choice(MAMBA_DTYPES) for _ in shapes)
     fields: dict[str, object] = {"kind": "mamba", "block_size": block_size, "mamba_shapes": shapes, "mamba_dtypes": state_dtypes}
     if info is not None and info.can("mamba", "state_alignment") and source.chance(30):
         # 0.34+ aligns each state (and the block stride) as the Mamba layer asks; a page padded to the
         # attention page must stay a multiple of it, so only alignments dividing that page are drawn.
-        alignment = source.choice([1 << k for k in range(1, 13) if attention_page % (1 << k) == 0] or [1])
+        alignment = source.choice([1 << k for k in range(1, 13) if attention_page is None or attention_page % (1 << k) == 0] or [1])
         fields.update(state_alignment=alignment, block_stride_alignment=alignment if alignment > 1 else None)
     spec = SpecCase(**fields)  # type: ignore[arg-type]
+    if attention_page is None:
+        return spec
     content = pages.page(spec).page_bytes
     if content > attention_page:
         source.reject()
@@ -768,6 +809,8 @@ def unrealistic(case: Case, info: TargetInfo) -> str | None:
         return why
     if (why := layout_reason(case, info)) is not None:
         return why
+    if not shaped and mixed_shapes(case) and not _block_compact(case.layout):
+        return MIXED_SHAPES_RULE
     for group in attention:
         spec = group.spec
         backend = info.backend(group.backend) if group.backend else None

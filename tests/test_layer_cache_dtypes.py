@@ -12,9 +12,10 @@ import json
 
 import pytest
 
-from fuzz.case import Case, CaseError, GroupCase, SpecCase, Touches, from_dict, to_dict, validate
+from fuzz.case import Case, CaseError, GroupCase, SpecCase, SyntheticBackend, Touches, from_dict, to_dict, validate
 from fuzz.checks.when import zeroes
 from fuzz.corpus import minimize
+from fuzz.targets.base import TargetInfo
 from fuzz.verdict.runner import run_case
 from oracles import expect, pages
 from oracles.contract import LAYOUT_PLACED_KERNEL_MAP
@@ -118,3 +119,31 @@ def test_the_cpu_zeroer_on_layers_of_two_precisions(kvfuzz_target, kvfuzz_device
         assert "cleared no byte at all" in verdict.finding.message
     else:
         assert verdict.status == "pass", verdict
+
+
+def test_a_skipped_layer_drops_the_quantized_formats_published_state():
+    """A quantized spec's published per-state bytes (its scales) are the format's; the skipped layer is a plain cache whose
+    page the oracle and vLLM derive from its own dtype. Carrying them over built a float32 layer of an int8 page (two false
+    alarms of issue 46's first campaigns: crash-on-invalid and page-escape on block-outermost pools)."""
+    published = dataclasses.replace(FP8, cache_dtype="int8_per_token_head", dtype="int8", kv_quant_mode="int8_per_token_head",
+                                    state_content_bytes=40)
+    group = dataclasses.replace(skipping().groups[0], spec=published, layer_cache_dtypes=("int8_per_token_head", "float32"))
+    assert group.layer_spec(0).state_content_bytes == 40
+    assert group.layer_spec(1).state_content_bytes is None
+    assert pages.page(group.layer_spec(1)).page_bytes == 32 * 1 * 2 * 16 * 4
+
+
+def test_pages_of_mixed_shapes_are_drawn_in_block_compact_layouts_only():
+    """vLLM resolves the layout before any view and keeps block-compact layouts only for pages of mixed (heads, states,
+    bytes) shapes; kvfuzz hands the allocation the case's layout, so a case in another layout is no deployment's. Two
+    layers of one page size but other shapes (an fp8 layer of 2 heads, a skipped bf16 layer of 1) passed the allocation's
+    own page-size check in BHLNC (issue 46's first campaigns: accepted-invalid, a false alarm)."""
+    from fuzz.space import MIXED_SHAPES_RULE, unrealistic
+
+    info = TargetInfo(**{**synthetic_info().__dict__, "packings": ("none", "uniform_type")})
+    equal_pages = dataclasses.replace(skipping().groups[0], backend=None, synthetic_backend=SyntheticBackend("any"),
+                                      layer_heads=(1, 2), layer_cache_dtypes=("bfloat16", "fp8"))
+    assert len({pages.page(spec).page_bytes for spec in equal_pages.layer_specs}) == 1
+    case = dataclasses.replace(skipping(), groups=(equal_pages,), layout="BHLNC")
+    assert unrealistic(case, info) == MIXED_SHAPES_RULE
+    assert unrealistic(dataclasses.replace(case, layout="BLHNC"), info) is None
