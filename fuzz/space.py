@@ -299,6 +299,8 @@ def _with_options(source: Source, info: TargetInfo, case: Case) -> Case:
     """The case with the model runner(s) that build its views, how the planner packs it, whether vLLM builds its specs
     from layers and the platform its allocation runs as, each drawn where the target has it (simplest option first)."""
     runner = source.choice(RUNNERS if "v1" in info.runners else RUNNERS[:1])
+    if v1_only_mamba(case, info):
+        runner = "v1"
     packing = "none"
     if len(info.packings) > 1 and source.chance(30):
         offered = [p for p in PACKINGS[1:] if p in info.packings and packing_reason(case, info, p) is None]
@@ -318,6 +320,13 @@ def _with_options(source: Source, info: TargetInfo, case: Case) -> Case:
     if packing != "none" and not source.chance(KEEP_REJECTED) and not oracles.expect(options, info.contract).accepted:
         source.reject()
     return options
+
+
+def v1_only_mamba(case: Case, info: TargetInfo) -> bool:
+    """Whether the case has Mamba layers that only the V1 runner builds views for (0.19 - 0.20, whose V2 runner's reshape
+    has no Mamba branch: contract mamba_views "none")."""
+    shaped = not info.contract.layout_placed
+    return shaped and info.contract.mamba_views == "none" and any(g.spec.kind == "mamba" for g in case.groups)
 
 
 def _differing_layers(source: Source, info: TargetInfo, group: GroupCase) -> GroupCase:
@@ -767,6 +776,8 @@ def _mamba_only(source: Source, info: TargetInfo, case: Case) -> Case:
     most = max(1, min(MAX_BUFFER_BYTES // per_block, 4))
     mamba = replace(case, groups=(group,), num_blocks=edge_int(source, 1, most), layout=layout, kv_sharing=(), packing="none",
                     spec_source="case")
+    if v1_only_mamba(mamba, info):
+        mamba = replace(mamba, runner="v1")
     if not source.chance(KEEP_REJECTED) and not oracles.expect(mamba, info.contract).accepted:
         source.reject()
     return mamba
@@ -799,6 +810,8 @@ def unrealistic(case: Case, info: TargetInfo) -> str | None:
     attention = [g for g in case.groups if g.spec.kind != "mamba"]
     if case.runner not in RUNNERS[:1] and "v1" not in info.runners:
         return "this vLLM has no V1 model runner"
+    if case.runner != "v1" and v1_only_mamba(case, info):
+        return "this vLLM's V2 runner builds no Mamba views (its reshape has a Mamba branch from 0.21; the V1 runner's from 0.19)"
     if (why := packing_reason(case, info, case.packing)) is not None:
         return why
     if case.packing == "uniform_type" and not shaped and any(len(set(g.layer_specs)) < 2 for g in case.groups):

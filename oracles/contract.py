@@ -99,8 +99,12 @@ SHAPED_022 = Contract(name="shaped-0.22", padded_pages=True, mamba_views="per-st
 SHAPED_023 = Contract(name="shaped-0.23", padded_pages=True, mamba_views="per-state", kernel_split=True, page_buckets=True)
 SHAPED_024 = Contract(name="shaped-0.24", padded_pages=True, mamba_views="per-state", kernel_split=True, packing="bucketed")
 SHAPED_027 = Contract(name="shaped-0.27", padded_pages=True, mamba_views="page-bytes", kernel_split=True, packing="per-group")
-SHAPED_019_V1 = Contract(name="shaped-0.19-v1", kernel_split=True)
-SHAPED_020_V1 = Contract(name="shaped-0.20-v1", padded_pages=True, kernel_split=True)
+# The V1 runner of 0.19 - 0.20 builds Mamba views (GPUModelRunner._reshape_kv_cache_tensors, `elif isinstance(kv_cache_spec,
+# MambaSpec)`: one tensor per state, `target_stride = (num_element_per_page, ...)` over `page_size_bytes`, which counts
+# MambaSpec.page_size_padded) a release before its V2 runner does (0.21): its contracts have 0.21's per-state Mamba views,
+# and 0.19's the padded Mamba pages its MambaSpec has (its attention specs have no padding field to draw).
+SHAPED_019_V1 = Contract(name="shaped-0.19-v1", padded_pages=True, mamba_views="per-state", kernel_split=True)
+SHAPED_020_V1 = Contract(name="shaped-0.20-v1", padded_pages=True, mamba_views="per-state", kernel_split=True)
 LAYOUT_PLACED = Contract(name="placed-0.29", layout_placed=True)
 LAYOUT_PLACED_KERNEL_MAP = Contract(name="placed-0.32", layout_placed=True, packed_kernel_map=True)
 

@@ -78,6 +78,10 @@ def surface_counts(info: TargetInfo, sample: int = SAMPLE, seed: int = 1) -> Cou
         drawn["runner=" + case.runner] += 1
         drawn["platform=" + case.platform] += 1
         drawn["attention_free"] += not case.groups
+        mamba = any(g.spec.kind == "mamba" for g in case.groups)
+        drawn["mamba"] += mamba
+        drawn["mamba_only"] += mamba and all(g.spec.kind == "mamba" for g in case.groups)
+        drawn["mamba_runner=" + case.runner] += mamba
         drawn["layers_differ"] += any(len(set(g.layer_specs)) > 1 for g in case.groups)
         drawn["precisions_differ"] += any(len({s.dtype for s in g.layer_specs}) > 1 for g in case.groups)
         drawn["value_heads_differ"] += any(g.spec.head_size_v not in (None, g.spec.head_size) for g in case.groups)
@@ -101,7 +105,7 @@ def test_every_generation_reaches_the_whole_surface_it_has(version):
     platform and quantized cache dtype the release has, vLLM-built specs where its layers build, attention-free models,
     K and V heads of different sizes where a backend takes them, several UniformTypeKVCacheSpecs groups of different page
     sizes where the planner buckets them (0.20 - 0.23), and from 0.29 layers that differ in size and in precision
-    (`--kv-cache-dtype-skip-layers`), are drawn."""
+    (`--kv-cache-dtype-skip-layers`), and Mamba layers (0.19 - 0.20: on the V1 runner), hybrid and alone, are drawn."""
     info = release_info(version)
     drawn = surface_counts(info, sample=2000)
     # The attention read-back is drawn only with a group on a backend whose forward it reads (CPU_ATTN, TRITON_ATTN), which a
@@ -116,5 +120,9 @@ def test_every_generation_reaches_the_whole_surface_it_has(version):
               + (["value_heads_differ"] if info.can("full", "head_size_v") and any(takes_value_heads(info, b) for b in info.backends) else [])
               + ["quantized=" + d for d in info.cache_dtypes if d not in PLAIN_CACHE_DTYPES
                  and any(d in b.cache_dtypes for b in info.backends)])
+    if "mamba" in info.spec_kinds:  # hybrid and Mamba-only models; on 0.19 - 0.20 on the V1 runner only, which builds their views
+        wanted += ["mamba", "mamba_only"]
+        if info.contract.mamba_views == "none":
+            assert drawn["mamba_runner=v2"] == drawn["mamba_runner=both"] == 0 < drawn["mamba_runner=v1"]
     print(version, " ".join(f"{option}:{drawn[option]}" for option in sorted(wanted)))
     assert not [option for option in wanted if drawn[option] == 0], {option: drawn[option] for option in wanted}

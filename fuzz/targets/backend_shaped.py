@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+import oracles
 from fuzz.case import Case, GroupCase, SpecCase, SyntheticBackend, evaluate_shape, parse_shape_entry, replace
 from fuzz.errors import Inexpressible, TargetError
 from fuzz.targets.base import BackendInfo
@@ -97,8 +98,12 @@ class BackendShapedTarget(Adapter):
         return SHAPED_021 if mamba_lists else SHAPED_020
 
     def supports_kind(self, kind: str) -> bool:
-        # Encoder-only groups get no view from 0.23 on (they fall out of the kernel-size list).
-        return kind != "encoder_only" and (kind != "mamba" or self.contract.mamba_views != "none")
+        # Encoder-only groups get no view from 0.23 on (they fall out of the kernel-size list). Mamba layers are drawn where
+        # either runner builds their views (0.19 - 0.20: the V1 runner only).
+        if kind == "mamba":
+            v1 = oracles.runner_contract(self.contract, "v1")
+            return self.contract.mamba_views != "none" or (self.v1 is not None and v1.mamba_views != "none")
+        return kind != "encoder_only"
 
     def usable_backend(self, name: str, cls: type) -> bool:
         return hasattr(cls, "get_kv_cache_shape")

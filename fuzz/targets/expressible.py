@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from fuzz.case import Case, SpecCase, layout_as, replace
-from fuzz.space import choose_kernel_block_size, layer_reason, layout_reason, packing_reason, record_reason
+from fuzz.space import choose_kernel_block_size, layer_reason, layout_reason, packing_reason, record_reason, v1_only_mamba
 from fuzz.targets.base import TargetInfo
 from fuzz.targets.catalog import FIELD_DEFAULTS
 from fuzz.targets.entry_points import Probe
@@ -57,6 +57,8 @@ class Expressible:
             return reason
         if case.runner != "v2" and "v1" not in info.runners:
             return f"field runner: {self.probe.missing('V1 runner')}; cases for the V1 model runner are not drawn"
+        if case.runner != "v1" and v1_only_mamba(case, info):
+            return f"field runner: vLLM {info.vllm_version}'s V2 runner builds no Mamba views; its V1 runner does (runner v1)"
         if case.packing not in info.packings:
             return (f"field packing: vLLM {info.vllm_version} packs no {case.packing} slabs "
                     "(from 0.29 block-outermost layouts are the packed form)")
