@@ -105,3 +105,18 @@ def test_a_wrong_transfer_is_one_signature_whatever_heads_and_blocks_it_scramble
     assert one.kind == many.kind == "transfer-wrong"
     assert one.signature == many.signature
     assert "7 head(s), head 1 first" in many.message and "2 sender block(s)" in many.message
+
+
+def test_a_case_of_a_release_without_quant_modes_is_skipped_where_vllm_derives_one(kvfuzz_target, kvfuzz_device):
+    """0.19.1 stores an fp8 cache's quant mode as none (their specs have no field); a release that derives one from the
+    cache dtype cannot build that case, so it is skipped naming the field, not judged a spec-mismatch of vLLM's (two
+    0.19.1 candidates replayed on the installed vLLM said `spec-mismatch | get_kv_quant_mode` before)."""
+    from fuzz.corpus import file
+    from fuzz.verdict.runner import run_case
+
+    if not kvfuzz_target.info.can("mla", "kv_quant_mode"):
+        pytest.skip("this vLLM's MLA specs have no quant mode either")
+    case = file.load(FINDINGS / "b7171eea18dd-8fd953605e22dc2b.json")
+    assert {g.spec.cache_dtype: g.spec.kv_quant_mode for g in case.groups if g.spec.kind == "mla"} == {"fp8": "none"}
+    verdict = run_case(kvfuzz_target, case, kvfuzz_device).verdict
+    assert verdict.status == "skipped" and "field kv_quant_mode" in (verdict.reason or ""), verdict

@@ -122,7 +122,7 @@ def test_every_generation_reaches_the_whole_surface_it_has(version):
                  and any(d in b.cache_dtypes for b in info.backends)])
     if "mamba" in info.spec_kinds:  # hybrid and Mamba-only models; on 0.19 - 0.20 on the V1 runner only, which builds their views
         wanted += ["mamba", "mamba_only"]
-        if info.contract.mamba_views == "none":
+        if not info.contract.layout_placed and info.contract.mamba_views == "none":
             assert drawn["mamba_runner=v2"] == drawn["mamba_runner=both"] == 0 < drawn["mamba_runner=v1"]
     print(version, " ".join(f"{option}:{drawn[option]}" for option in sorted(wanted)))
     assert not [option for option in wanted if drawn[option] == 0], {option: drawn[option] for option in wanted}

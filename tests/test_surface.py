@@ -268,8 +268,10 @@ def assert_every_function_driven_or_explained(spec: str) -> None:
 # one case in 460; the next rarest at 63 and 34): the CPU runner's zeroer is asked only of
 # cases a CPU deployment builds (every attention group on a CPU backend, fuzz/space.py CPU_RULE) that zero (a Mamba group
 # or mixed precisions, ZEROING_RULE) and have a block besides the null block (NULL_BLOCK_RULE). 600 cases reach it on
-# this seed every time; a change to the case space may move it (the test then names the function).
-CASES = {"0.22.0": 60, "0.23.0": 60, "0.28.0": 60, "0.29.0": 600, "installed": 600, "0.34.0": 100}
+# this seed every time; a change to the case space may move it (the test then names the function). Since issue 46's
+# draws (per-layer precisions, Mamba-only models) 0.34.0's AttentionGroup.map_kv_cache_to_manager_blocks (the zeroer
+# reading kernel-block views by manager block) first runs between cases 200 and 250: 600 there too.
+CASES = {"0.22.0": 60, "0.23.0": 60, "0.28.0": 60, "0.29.0": 600, "installed": 600, "0.34.0": 600}
 
 
 @pytest.mark.sweep  # the default suite maps 0.34.0 (tests/test_surface_releases_placed.py); 600 cases here

@@ -11,7 +11,7 @@ from fuzz.space import choose_kernel_block_size, layer_reason, layout_reason, pa
 from fuzz.targets.base import TargetInfo
 from fuzz.targets.catalog import FIELD_DEFAULTS
 from fuzz.targets.entry_points import Probe
-from oracles import pages
+from oracles import dtypes, pages
 
 
 class Expressible:
@@ -114,6 +114,13 @@ class Expressible:
             return f"field cache_dtype: vLLM {info.vllm_version} accepts no {spec.cache_dtype}"
         if spec.kv_quant_mode not in info.quant_modes:
             return f"field kv_quant_mode: {spec.kv_quant_mode} is not a KVQuantMode of vLLM {info.vllm_version}"
+        definition = dtypes.definition(spec.cache_dtype)
+        if spec.kv_quant_mode == "none" and info.can(spec.kind, "kv_quant_mode") and definition is not None \
+                and "none" not in definition.quant_modes:
+            # The generator stores the quant mode a release derives; "none" for a quantized cache is a case written where
+            # specs had no quant mode (0.19), not one this release's layers could build.
+            return (f"field kv_quant_mode: a {spec.cache_dtype} cache of quant mode none is a case of a vLLM whose {spec.kind} specs "
+                    f"had no quant mode; vLLM {info.vllm_version} derives one")
         if pages.defined_content_bytes(spec) is None:
             return f"cache dtype {spec.cache_dtype}: the oracle has no definition of its page for this spec"
         return None
