@@ -108,7 +108,7 @@ def test_a_wrong_transfer_is_one_signature_whatever_heads_and_blocks_it_scramble
 
 
 def test_a_case_of_a_release_without_quant_modes_is_skipped_where_vllm_derives_one(kvfuzz_target, kvfuzz_device):
-    """0.19.1 stores an fp8 cache's quant mode as none (their specs have no field); a release that derives one from the
+    """0.19.1 stores an fp8 cache's quant mode as none (its specs have no field); a release that derives one from the
     cache dtype cannot build that case, so it is skipped naming the field, not judged a spec-mismatch of vLLM's (two
     0.19.1 candidates replayed on the installed vLLM said `spec-mismatch | get_kv_quant_mode` before)."""
     from fuzz.corpus import file
