@@ -265,7 +265,7 @@ def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_grou
         layouts = {name for name in layouts if set(name[:2]) == {"L", "B"} and (len(groups) == 1 or name[0] == "B" or forced)}
     if len({(p.heads, p.states, p.page_bytes) for p in group_pages}) > 1:
         # vLLM's layout resolution keeps block-compact layouts only for mixed page shapes.
-        layouts = {name for name in layouts if set(name[:2]) == {"L", "B"} or name in ("NHD", "HND")}
+        layouts = {name for name in layouts if _block_compact(name)}
     if not layouts:
         source.reject()
     layout = source.choice(ordered(sorted(layouts), LAYOUT_ORDER))

@@ -3,9 +3,12 @@ kvfuzz_device, kvfuzz_entry and the Hypothesis profiles (ci by default)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -26,6 +29,21 @@ EVERY_FIELD = ("compress_ratio", "alignment", "model_version", "head_size_v", "k
 
 
 STANDBY_DIR = pytest.StashKey[str]()
+
+
+@contextlib.contextmanager
+def release_target(version: str) -> Iterator[Any]:
+    """A one-worker pool on a release (cached, or fetched), as a target; the test skips where the release cannot be had."""
+    from fuzz.campaign.pool import Pool, RemoteTarget
+    from fuzz.errors import TargetError
+    from fuzz.targets.releases import resolve
+
+    try:
+        source = resolve(version)
+    except TargetError as error:
+        pytest.skip(f"release not available here: {error}")
+    with Pool(source, workers=1) as pool:
+        yield RemoteTarget(pool)
 
 
 def pytest_configure(config: pytest.Config) -> None:

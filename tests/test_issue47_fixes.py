@@ -21,6 +21,7 @@ import pytest
 from fuzz.case import Case, GroupCase, SpecCase
 from fuzz.targets.spec_builder import _mla_reads
 from fuzz.verdict.runner import raised
+from tests.conftest import release_target
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -71,19 +72,12 @@ REPLAYED = [("cbc8e1ed099a-d6fa183ae7e3ba72", "0.30.0", "expected"), ("cbc8e1ed0
 @pytest.mark.releases
 @pytest.mark.parametrize(("stem", "version", "status"), REPLAYED)
 def test_cases_judged_wrongly_before_a_fix_replay_as_recorded(stem, version, status):
-    from fuzz.campaign.pool import Pool, RemoteTarget
     from fuzz.corpus.replay import replay_entry
     from fuzz.corpus.store import entries, expected_signatures
-    from fuzz.errors import TargetError
-    from fuzz.targets.releases import resolve
 
-    try:
-        source = resolve(version)
-    except TargetError as error:
-        pytest.skip(f"release not available here: {error}")
     [entry] = [e for e in entries(FINDINGS) if e.path.stem == stem]
-    with Pool(source, workers=1) as pool:
-        outcome = replay_entry(RemoteTarget(pool), entry, "cpu", known=expected_signatures([entry], version))
+    with release_target(version) as target:
+        outcome = replay_entry(target, entry, "cpu", known=expected_signatures([entry], version))
     assert outcome.status == status, outcome
 
 

@@ -6,10 +6,10 @@ from collections import Counter
 
 import pytest
 
-from fuzz.errors import TargetError
 from fuzz.space import Rejected, draw_indexed
 from fuzz.targets.base import BackendInfo, TargetInfo
 from oracles import pages
+from tests.conftest import release_target
 
 ZEROERS = ("zeroer", "cpu-zero", "cpu-zeroer")
 
@@ -19,16 +19,8 @@ PLAIN_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 def release_info(version: str) -> TargetInfo:
-    from fuzz.campaign.pool import Pool
-    from fuzz.targets.releases import resolve
-
-    try:
-        source = resolve(version)
-    except TargetError as error:
-        pytest.skip(f"release not available here: {error}")
-    with Pool(source, workers=1) as pool:
-        assert pool.info is not None
-        return pool.info
+    with release_target(version) as target:
+        return target.info
 
 
 def counts(info: TargetInfo, sample: int = SAMPLE, seed: int = 1) -> Counter[str]:

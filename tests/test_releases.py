@@ -25,6 +25,7 @@ from fuzz.targets.releases import (
     vllm_state_folder,
     worker_environment,
 )
+from tests.conftest import release_target
 from tests.sweep import sampled
 
 REPO = Path(__file__).resolve().parents[1]
@@ -422,16 +423,10 @@ BY_DESIGN = ("kv-sharing: vllm.v1.worker.gpu.attn_utils._reshape_kv_cache takes 
 def test_every_release_runs_every_seed_case(version):
     """One case, every release: the seeds (layouts written under either name, the Llama-3.1-8B one
     among them) pass or are skipped for a field the release cannot express, on every release."""
-    from fuzz.campaign.pool import Pool, RemoteTarget
     from fuzz.corpus.replay import replay_entry
     from fuzz.corpus.store import entries, expected_signatures
 
-    try:
-        source = resolve(version)
-    except TargetError as error:
-        pytest.skip(f"release not available here: {error}")
-    with Pool(source, workers=1) as pool:
-        target = RemoteTarget(pool)
+    with release_target(version) as target:
         assert target.info.vllm_version == version
         assert all(line.startswith(BY_DESIGN) for line in target.info.checks_off), target.info.checks_off
         # A seed may meet a bug the corpus keeps for this release (then it is expected).

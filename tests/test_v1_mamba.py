@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 
 from fuzz.case import Case, GroupCase, SpecCase
-from fuzz.errors import TargetError
+from tests.conftest import release_target
 
 pytestmark = [pytest.mark.slow, pytest.mark.releases]
 
@@ -29,16 +29,9 @@ def hybrid(backend: str = "FLASH_ATTN", runner: str = "v1") -> Case:
 
 @pytest.mark.parametrize("version", ["0.19.1", "0.20.0"])
 def test_a_hybrid_mamba_model_runs_on_the_v1_runner(version):
-    from fuzz.campaign.pool import Pool, RemoteTarget
-    from fuzz.targets.releases import resolve
     from fuzz.verdict.runner import run_case
 
-    try:
-        source = resolve(version)
-    except TargetError as error:
-        pytest.skip(f"release not available here: {error}")
-    with Pool(source, workers=1) as pool:
-        target = RemoteTarget(pool)
+    with release_target(version) as target:
         assert "mamba" in target.info.spec_kinds
         result = run_case(target, hybrid(), "cpu")
         assert result.verdict.status == "pass", result.verdict

@@ -68,7 +68,7 @@ def run(walk: Walk, touches: Touches | None, mla_layer: type | None) -> dict[str
             if reason is not None:
                 records[name] = {"skipped": reason}
                 continue
-            own = layer_group(group, position)
+            own = group.of_layer(position)
             try:
                 writer = _writer(backends[name], own, walk)
             except Unusable as why:
@@ -77,10 +77,6 @@ def run(walk: Walk, touches: Touches | None, mla_layer: type | None) -> dict[str
             records[name] = _probe_layer(walk, own, index, layers[name], writer, tokens(own, walk.case.num_blocks, touches))
     return records
 
-
-def layer_group(group: GroupCase, position: int) -> GroupCase:
-    """The group as its layer at `position` sees it: with that layer's own spec where the group's layers differ in size."""
-    return group.of_layer(position)
 
 
 def tokens(group: GroupCase, num_blocks: int, touches: Touches | None) -> list[tuple[int, int]]:
