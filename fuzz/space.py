@@ -91,6 +91,19 @@ FORCED_LAYOUT = 5
 ATTENTION_FREE = 2
 # Models of Mamba layers only (Mamba, Mamba2 and their kin: one group of states, no attention page), percent of cases.
 MAMBA_ONLY = 3
+# A later attention group on another backend than the first's, sharing its pools (percent of such groups on releases
+# whose backends shape the cache): encoder-decoder cross-attention, a drafter on its own backend.
+MIXED_BACKENDS = 25
+# The pairs of attention backends vLLM puts in one model's shared pools (vLLM pull requests): ROCm encoder-decoders run
+# self-attention on ROCM_ATTN and cross-attention on a blocks-first backend (#38450, #43945, #47035, #47685), and
+# speculative decoding lets a drafter take its own backend (#39930; DFlash's FLEX_ATTENTION beside TRITON_ATTN, #41657;
+# a ROCM_ATTN drafter beside TRITON_ATTN, #50237).
+MIXED_BACKEND_PAIRS = frozenset({
+    frozenset({"ROCM_ATTN", "TRITON_ATTN"}),
+    frozenset({"ROCM_ATTN", "ROCM_AITER_UNIFIED_ATTN"}),
+    frozenset({"TRITON_ATTN", "FLEX_ATTENTION"}),
+    frozenset({"FLASH_ATTN", "FLEX_ATTENTION"}),
+})
 
 
 class Source(Protocol):
@@ -533,14 +546,17 @@ def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, la
                      cache_dtype: str | None, first: GroupCase | None, production: bool = False) -> GroupCase:
     mla = kind in MLA_KINDS
     if shaped and first is not None:
-        # One model, one attention backend: pools shared by groups keep one block arrangement, and
-        # one page size, so a second attention group keeps the first one's backend and geometry.
+        # Pools shared by groups hold one page size, so a later attention group keeps the first one's geometry; its
+        # backend may differ (encoder-decoder cross-attention, a drafter), and then the pool's block arrangement is
+        # the oracle's to say (contract.mixed_pool_arrangement).
         backend = info.backend(first.backend) if first.backend else None
         fake = first.synthetic_backend
         cleared = {"sliding_window": None, "attention_chunk_size": None, "sink_len": None}
         spec = SpecCase(**{**first.spec.__dict__, **cleared, "kind": kind, **_kind_fields(source, kind)})
         if kind == "sliding_window_mla" and (spec.cache_dtype == "fp8_ds_mla") != (spec.model_version == "deepseek_v4"):
             source.reject()
+        if backend is not None and source.chance(MIXED_BACKENDS):
+            backend = _another_backend(source, info, backend, spec)
     else:
         candidates = [b for b in info.backends if b.is_mla == mla and (cache_dtype is None or cache_dtype in b.cache_dtypes)]
         # A synthetic backend declares one latent per slot, which DeepSeek's MLA records are not, and
@@ -562,6 +578,17 @@ def _attention_group(source: Source, info: TargetInfo, kind: str, index: int, la
     layers = tuple(f"g{index}.l{j}" for j in range(layer_count))
     return GroupCase(spec=spec, layers=layers, backend=None if backend is None else backend.name, synthetic_backend=fake,
                      kernel_block_size=kernel)
+
+
+def _another_backend(source: Source, info: TargetInfo, backend: BackendInfo, spec: SpecCase) -> BackendInfo:
+    """A backend vLLM pairs with `backend` in one model (MIXED_BACKEND_PAIRS) that serves the same spec (its cache dtype,
+    a kernel block size for its block size), or `backend` where the release has none."""
+    others = [b for b in info.backends
+              if frozenset({b.name, backend.name}) in MIXED_BACKEND_PAIRS and b.is_mla == backend.is_mla and b.compresses == backend.compresses
+              and spec.cache_dtype in b.cache_dtypes and (spec.cache_dtype != "auto" or spec.dtype in b.model_dtypes)
+              and (spec.head_size_v is None or (b.asymmetric_kv and b.sets_value_heads == backend.sets_value_heads))
+              and choose_kernel_block_size(spec.block_size, b.kernel_block_sizes) is not None]
+    return source.choice(others) if others else backend
 
 
 def record_reason(spec: SpecCase, info: TargetInfo) -> str | None:

@@ -30,7 +30,7 @@ def expect(case: Case, contract: Contract, runner: str = "v2") -> Expectation:
     contract = runner_contract(contract, runner)
     if contract.layout_placed:
         return layout_placed.expect(case, contract)
-    return backend_shaped.expect(case, contract)
+    return backend_shaped.expect(case, contract, runner)
 
 
 __all__ = [

@@ -11,6 +11,8 @@ See oracles/contract.py for the contract. In short, per layer:
   cache is compressed;
 - a padded page sets the block pitch to the page size, which needs the block axis outermost;
 - on a buffer shared with Mamba, the block axis is hoisted outermost so block b stays in page b;
+- on a buffer shared by backends that put different axes outside the block axis, every layer takes one arrangement
+  (contract.mixed_pool_arrangement: K/V apart on the V2 runner, page by page on the V1 runner);
 - Mamba layers get one view per state tensor packed inside the page, or one int8 view of whole
   pages, as the contract says;
 - a case the planner packs (0.24+, oracles/packing.py) puts every layer on one backing buffer: block b
@@ -46,9 +48,10 @@ class Placement:
     offset: int = 0
     slab: packing.Slab | None = None
     with_mamba: bool = False  # the buffer holds Mamba state too
+    mixed: str | None = None  # the arrangement of a buffer whose backends arrange blocks differently
 
 
-def expect(case: Case, contract: Contract) -> Expectation:
+def expect(case: Case, contract: Contract, runner: str = "v2") -> Expectation:
     if not case.groups:
         # An attention-free model: the views are checked on every other case; here only that its plan holds nothing.
         return Expectation(contract=contract.name, exact_buffers=True, planned_blocks=rules.planned_blocks(case.num_blocks, attention_free=True))
@@ -60,6 +63,8 @@ def expect(case: Case, contract: Contract) -> Expectation:
     pools = [members for _, members in buckets] if buckets is not None else _pools(case, slab)
     mamba_pools = {pool for pool, members in enumerate(pools) if any(case.groups[case.group_of(m)].spec.kind == "mamba" for m in members)}
     buffer_of = {name: pool for pool, members in enumerate(pools) for name in members}
+    mixed_pools = _mixed_pools(case, pools) if slab is None else set()
+    arrangement = rules.mixed_pool_arrangement(runner)
     layers: dict[str, LayerExpectation] = {}
     kernel_sizes: dict[int, int] = {}
     for index, group in enumerate(case.groups):
@@ -68,7 +73,8 @@ def expect(case: Case, contract: Contract) -> Expectation:
             pool = buffer_of[name]
             # A slab that is this layer's page alone (each group one layer, all at byte 0) lays out as an unpacked pool.
             packed = slab if slab is not None and not slab.dense(pages.page(group.spec).page_bytes) else None
-            where = Placement(pool, slab.offsets[name] if slab else 0, packed, pool in mamba_pools)
+            where = Placement(pool, slab.offsets[name] if slab else 0, packed, pool in mamba_pools,
+                              arrangement if pool in mixed_pools else None)
             built = _layer(name, index, group, case.num_blocks, where, contract)
             if isinstance(built, Broken):
                 return broken(contract.name, built.function, built.message, name)
@@ -107,6 +113,30 @@ def _page_buckets(case: Case, contract: Contract) -> list[tuple[int, list[str]]]
     if not (contract.page_buckets and case.packing == "uniform_type" and len(case.groups) > 1):
         return None
     return rules.page_bucket_pools([[(name, pages.page(g.spec).page_bytes) for name in g.layers] for g in case.groups])
+
+
+def _mixed_pools(case: Case, pools: list[list[str]]) -> set[int]:
+    """The pools whose attention layers' backends put different axes outside the block axis in memory: there a block id
+    would name different bytes in different layers, unless vLLM gives them one arrangement."""
+    outside = [_outside_blocks(group) for group in case.groups]
+    return {pool for pool, members in enumerate(pools)
+            if len({outside[case.group_of(name)] for name in members} - {None}) > 1}
+
+
+def _outside_blocks(group: GroupCase) -> tuple[int | str, ...] | None:
+    """The declared shape entries a group's backend lays out outside its block axis, outermost first (None: no attention
+    shape with one block axis, as for Mamba)."""
+    pattern = group.declared_shape or (group.synthetic_backend.shape if group.synthetic_backend else None)
+    if not group.spec.is_attention or pattern is None:
+        return None
+    symbols = [parse_shape_entry(e)[1] for e in pattern]
+    if symbols.count("B") != 1:
+        return None
+    order = group.declared_stride_order or (group.synthetic_backend.stride_order if group.synthetic_backend else None)
+    order = tuple(order) if order is not None else tuple(range(len(pattern)))
+    if sorted(order) != list(range(len(pattern))):
+        return None
+    return tuple(pattern[axis] for axis in order[: order.index(symbols.index("B"))])
 
 
 def _pools(case: Case, slab: packing.Slab | None) -> list[list[str]]:
@@ -165,8 +195,14 @@ def _attention_layer(name: str, index: int, group: GroupCase, num_blocks: int, w
     assert shape is not None
 
     physical = order
-    if where.slab is not None or rules.mamba_pool_hoists_blocks(where.with_mamba):
+    if where.slab is not None or rules.mamba_pool_hoists_blocks(where.with_mamba) or where.mixed == "page":
         physical = (block_axis,) + tuple(a for a in order if a != block_axis)
+    elif where.mixed == "kv-outer":
+        # The K/V pair is an axis of two beside the block axis; a fused head whose shape has none cannot be kept apart.
+        pair = next((axis for axis in (block_axis - 1, block_axis + 1) if 0 <= axis < len(shape) and pattern[axis] == 2), None)
+        if pair is None:
+            return "a buffer whose backends arrange blocks differently keeps K and V apart, and this backend's shape has no K/V axis"
+        physical = (pair, block_axis) + tuple(a for a in order if a not in (pair, block_axis))
     strides = dense_strides(shape, physical, esz)
     if where.slab is not None:
         unfit = rules.packed_page(ratio > 1)
@@ -187,7 +223,7 @@ def _attention_layer(name: str, index: int, group: GroupCase, num_blocks: int, w
     length = page.page_bytes if padded else pitch
     rule = PageRule(origin=where.offset, block_pitch=pitch, span_starts=tuple(starts), span_len=length,
                     pad_start=page.unpadded_bytes if padded else length)
-    return LayerExpectation(name=name, group=index, views=(view,), pages=rule)
+    return LayerExpectation(name=name, group=index, views=(view,), pages=rule, runner_arranged=where.mixed is not None)
 
 
 def _mamba_layer(name: str, index: int, group: GroupCase, num_blocks: int, where: Placement, page: pages.Page,

@@ -406,6 +406,18 @@ def mamba_pool_hoists_blocks(shares_pool_with_mamba: bool) -> bool:
     return shares_pool_with_mamba
 
 
+@rule("vllm/v1/worker/gpu/attn_utils.py _align_mixed_attention_kv_cache_views (0.25+, PR #47685): 'Keep the physical storage in "
+      "the K/V-first layout expected by ROCM_ATTN, and restride the blocks-first logical views so block IDs address the same bytes'; "
+      "gpu_model_runner.py _has_mixed_attention_kv_layout (0.25+, PR #47035): 'Mixed block dims mean a block ID maps to different bytes "
+      "per layer, so the shared buffer must be normalized to a single (blocks-first) layout'; PR #41657: 'Two layers may share a raw "
+      "KVCacheTensor iff their per-layer reshape over that tensor produces the same layout'")
+def mixed_pool_arrangement(runner: str) -> str:
+    """A pool shared by layers whose backends arrange blocks differently (encoder-decoder cross-attention, a drafter on another
+    backend) gets one arrangement, so that a block id names the same bytes in every layer of it: the V2 runner keeps K and V
+    apart and steps the blocks inside each ("kv-outer"), the V1 runner lays blocks page by page ("page")."""
+    return "page" if runner == "v1" else "kv-outer"
+
+
 # --- the V1 model runner
 
 

@@ -87,6 +87,9 @@ class LayerExpectation:
     pages: PageRule
     # Mamba page views of vLLM 0.27-0.28 cover whole pages, padding included, on purpose.
     addresses_padding: bool = False
+    # The runner picks the block arrangement of this layer's pool itself (contract.mixed_pool_arrangement): the two model
+    # runners may lay it out differently, each consistently.
+    runner_arranged: bool = False
 
 
 @dataclass(frozen=True)

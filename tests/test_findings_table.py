@@ -35,7 +35,7 @@ def test_findings_md_is_what_the_recorded_replay_generates():
 def test_every_replayed_row_has_a_generated_reach_class():
     versions, results = table.load_replay(REPO / "docs" / "findings-replay.json")
     reach = table.finding_reach(table.linked_files(), results, table.load_layouts(REPO / "docs" / "findings-replay.json"))
-    assert set(reach) == set(range(1, 36))
+    assert set(reach) == set(range(1, 38))
     assert set(reach.values()) == {"deployment", "flag", "latent"}
     # #18 needs the layout override on every release it affects; #10 is a registered dtype only a platform brings.
     assert (reach[18], reach[10]) == ("flag", "latent")
@@ -78,7 +78,7 @@ def test_every_corpus_file_is_replayed_and_every_numbered_finding_has_a_case():
     links = table.linked_files()
     assert set(table.corpus_files()) == set(results)
     assert all(set(per) == set(versions) for per in results.values())
-    assert {n for n in links.values() if isinstance(n, int)} == set(range(1, 36))
+    assert {n for n in links.values() if isinstance(n, int)} == set(range(1, 38))
 
 
 def test_main_check_passes_from_the_recorded_replay():

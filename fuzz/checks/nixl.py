@@ -82,8 +82,9 @@ def own_failures(method: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as error:  # noqa: BLE001 - the stand-in's own failure
             gap = error if isinstance(error, StandInGap) else StandInGap(
                 f"the recording agent's {method.__name__} failed: {type(error).__name__}: {error}")
-            if args and isinstance(args[0], RecordingAgent):
-                args[0].gaps.append(str(gap))
+            gaps = getattr(args[0], "__dict__", {}).get("gaps") if args else None  # a recording stand-in's own list
+            if isinstance(gaps, list):
+                gaps.append(str(gap))
             raise gap from error
 
     return wrapped
@@ -779,9 +780,9 @@ def peer_of(case: Case) -> tuple[str, Case, int, int]:
     return "same", case, 1, 0
 
 
-def with_peer(cls: type, walk: Any) -> Record:
+def with_peer(cls: type, walk: Any, playing: Callable[[type, End, End, list[int], list[int]], Record] | None = None) -> Record:
     """The case's blocks (the null block aside) pulled into a peer's (`peer_of`), played through vLLM's own handshake and
-    read path: the record of `played`, or why no transfer was played."""
+    read path: the record of `played` (or of another connector's `playing`), or why no transfer was played."""
     how, case, tp_size, tp_rank = peer_of(walk.case)
     sent = [block for block in (walk.case.touches.blocks if walk.case.touches else ()) if block] or list(range(1, min(walk.case.num_blocks, 3)))
     if not sent:
@@ -799,7 +800,7 @@ def with_peer(cls: type, walk: Any) -> Record:
     if needed >= peer.case.num_blocks:
         return {"skipped": f"the {how} peer has {peer.case.num_blocks} blocks, too few for {needed} received blocks"}
     received = list(range(peer.case.num_blocks - 1, peer.case.num_blocks - 1 - needed, -1))
-    return {"peer": how, **played(cls, End(walk), End(peer, tp_size, tp_rank), sent, received)}
+    return {"peer": how, **(playing or played)(cls, End(walk), End(peer, tp_size, tp_rank), sent, received)}
 
 
 CHECK = NixlCheck()

@@ -3,7 +3,7 @@ none. A check is judged in this order after the view path passed (the V1 runner'
 
 from __future__ import annotations
 
-from fuzz.checks import attention, block_copy, cpu_zero, cpu_zeroer, kernel_probe, nixl, offload, planner_fit, v1_runner, zeroer
+from fuzz.checks import attention, block_copy, cpu_zero, cpu_zeroer, kernel_probe, mooncake, nixl, offload, planner_fit, v1_runner, zeroer
 from fuzz.checks.protocol import Check
 from fuzz.targets.base import TargetInfo
 from fuzz.verdict import findings
@@ -16,6 +16,7 @@ CHECKS: tuple[Check, ...] = (
     block_copy.CHECK,
     offload.CHECK,
     nixl.CHECK,
+    mooncake.CHECK,
     kernel_probe.CHECK,
     attention.CHECK,
     v1_runner.CHECK,

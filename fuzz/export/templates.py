@@ -30,6 +30,7 @@ TEMPLATES: tuple[tuple[tuple[str, ...], str, Template], ...] = (
 )
 # The functions of the view path (and the planner ahead of it), where a finding's test checks the views or the refusal.
 VIEW_FUNCTIONS = ("reshape", "_reshape_kv_cache", "_reshape_attention_kv_cache", "_update_hybrid_attention_layout",
+                  "_align_mixed_attention_kv_cache_views", "_restride_blocks_first_kv_cache_to_kv_first_storage",
                   "_update_hybrid_attention_mamba_layout", "_reshape_kv_cache_tensors", "create_kv_cache_views",
                   "compute_layout_strides", "allocate_kv_cache", "round_up", "map_kv_cache_to_kernel_blocks",
                   "map_kv_caches_to_kernel_blocks", "get_kv_cache_config_from_groups")

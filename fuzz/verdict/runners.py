@@ -47,6 +47,8 @@ def compare_runners(case: Case, v2: Judged, v1: Judged) -> Verdict | None:
         views2, views1 = v2_outcome.views.get(name, ()), v1_outcome.views.get(name, ())
         if want2 is None or want1 is None or len(views2) != len(views1):
             return _found(case, FUNCTION, "the runners give the layer different numbers of tensors", name)
+        if want2.runner_arranged or want1.runner_arranged:
+            continue  # each runner's arrangement of a mixed pool was judged against the oracle on its own
         group = case.groups[case.group_of(name)]
         pattern = group.declared_shape or (group.synthetic_backend.shape if group.synthetic_backend else None)
         for number, (view2, view1) in enumerate(zip(views2, views1, strict=True)):
