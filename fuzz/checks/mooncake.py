@@ -51,14 +51,13 @@ from fuzz.case import Case
 from fuzz.checks import nixl
 from fuzz.checks.nixl import End, StandInGap, own_failures
 from fuzz.checks.protocol import Judging, Off, Record, Run, TouchCheck, Unusable
-from fuzz.tracebacks import vllm_failure
 from fuzz.verdict.findings import Finding, observed
 from oracles import transfer
 
 WORKER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector"
-# What kvfuzz reads off a registered worker: the regions' bases, block strides and transfer lengths (0.29+).
 # A vLLM attention module name with one layer index, as extract_layer_index reads it ("model.layers.3.self_attn.attn").
 LAYER_INDEX = re.compile(r"(?:[A-Za-z_]\w*\.)*\d+(?:\.[A-Za-z_]\w*)*")
+# What kvfuzz reads off a registered worker: the regions' bases, block strides and transfer lengths (0.29+).
 REGION_FIELDS = ("kv_caches_base_addr", "block_len_per_layer", "kv_block_len_per_layer", "registered_layer_names",
                  "_physical_blocks_per_logical_kv_block")
 PLAY_SECONDS = 20.0  # how long the decode side may take to report a pull finished
@@ -397,18 +396,8 @@ def pull(module: types.ModuleType, producer: Any, consumer: Any, sender: End, se
 
 
 def played(cls: type, sender: End, receiver: End, sent: list[int], received: list[int]) -> Record:
-    """`play` as a check's record: a stand-in's gap is a skip, an error raised in vLLM's code an `error` record."""
-    where = f"{cls.__module__}.{cls.__name__}.send_kv_to_decode"
-    try:
-        return {"where": where, **play(cls, sender, receiver, sent, received)}
-    except Unusable as why:
-        return {"skipped": str(why)}
-    except Exception as error:  # noqa: BLE001 - vLLM raising is data; kvfuzz's own errors propagate
-        failure = vllm_failure(error)
-        if failure is None:
-            raise
-        return {"where": where, "handshake": True, "error": {"type": failure.error_type, "message": failure.error_message,
-                                                             "function": failure.error_function}}
+    """Mooncake's `play` as a check's record (`nixl.as_record`)."""
+    return nixl.as_record(play, f"{cls.__module__}.{cls.__name__}.send_kv_to_decode", cls, sender, receiver, sent, received)
 
 
 # ------------------------------------------------------------------------------------------- the check

@@ -514,11 +514,16 @@ def _drained(found: Any) -> list[Any]:
 
 
 def played(cls: type, sender: End, receiver: End, sent: list[int], received: list[int]) -> Record:
-    """`play` as a check's record: a stand-in's gap is a skip, an error raised in vLLM's code an `error` record (a
-    handshake that refuses the pair is vLLM saying it cannot transfer it: a refusal, never a finding)."""
-    where = f"{cls.__module__}.{cls.__name__}.start_load_kv"
+    """NIXL's `play` as a check's record (`as_record`)."""
+    return as_record(play, f"{cls.__module__}.{cls.__name__}.start_load_kv", cls, sender, receiver, sent, received)
+
+
+def as_record(playing: Callable[[type, End, End, list[int], list[int]], Record], where: str, cls: type, sender: End,
+              receiver: End, sent: list[int], received: list[int]) -> Record:
+    """A connector's played transfer as a check's record: a stand-in's gap is a skip, an error raised in vLLM's code an
+    `error` record (a handshake that refuses the pair is vLLM saying it cannot transfer it: a refusal, never a finding)."""
     try:
-        return {"where": where, **play(cls, sender, receiver, sent, received)}
+        return {"where": where, **playing(cls, sender, receiver, sent, received)}
     except Unusable as why:
         return {"skipped": str(why)}
     except Exception as error:  # noqa: BLE001 - vLLM raising is data; kvfuzz's own errors propagate
