@@ -359,6 +359,7 @@ UNEXPORTED_CANDIDATES = {
     "88ed08241b78-7f7aa10f5191300c": "no exporter for assert-on-invalid in _apply_prefix_caching yet",
     "6bf526144df0-40d1d121af3e7061": "no exporter for assert-on-invalid in _validate_remote_agent_handshake yet",
     "9e87973cf58d-08c18f873cae1bd7": "no exporter for transfer-mismatch in register_kv_caches yet",
+    "ad637d244468-2c5c9e0cadee36bd": "no exporter for transfer-mismatch in register_kv_caches yet",
     "f30e10b81dff-b24875bbff002fc6": "no exporter for transfer-overlap in register_kv_caches yet",
     "f30e10b81dff-bfa69aa03b335b1e": "no exporter for transfer-overlap in register_kv_caches yet",
     "aac71ff7c28d-ef324b319e5a8331": "no exporter writes sink/synthetic:beta/BHLNC/rocm yet (runner, packing, platform or vLLM-built specs)",
