@@ -68,6 +68,16 @@ def splits_evenly(expected: Expectation, ratio: int) -> bool:
     return all(view.kernel_ratio == ratio for name in touch.cache_layers(expected) for view in expected.layers[name].views)
 
 
+def block_is_one_run(layout: str) -> bool:
+    """Whether a layer's block is one run of bytes in a 0.29+ layout: the heads lie inside the block, and the layers
+    outside the heads (LBHNC, BLNHC: yes; LHBNC, BHLNC: one run per head). A connector that moves one span per block and
+    region (Mooncake) moves the others by one region per head or refuses them: a refusal, not a crash. The older names
+    (NHD, HND) keep blocks whole."""
+    if "B" not in layout:
+        return True
+    return layout.index("B") < layout.index("H") and layout.index("L") < layout.index("H")
+
+
 def kernel_content(expected: Expectation, kernel_block: int, ratio: int) -> touch.Bytes:
     """The element bytes of kernel block `kernel_block` (manager block kernel_block // ratio) in every cache layer."""
     block, sub = divmod(kernel_block, ratio)

@@ -47,6 +47,8 @@ CASES = {
     "blocks-outermost": attention_case("BLHNC"),
     "padded": attention_case("LBNHC", layers=LAYERS[:1], page_size_padded=PAGE + PADDING),
     "mla-kernel-split": mla_case(),
+    # The generator's layer names carry no layer index; the check hands them to Mooncake under vLLM's (vllm_names).
+    "generator-names": attention_case(layers=("g0.l0", "g0.l1")),
 }
 
 
@@ -65,6 +67,7 @@ EXPECTED = {
     "blocks-outermost": [[0, b * 2 * PAGE + layer * PAGE, b * 2 * PAGE + (layer + 1) * PAGE] for layer in range(2) for b in range(BLOCKS)],
     # 64-token blocks moved as four 16-token kernel blocks of 16 x 576 bf16 each.
     "mla-kernel-split": layer_major(16 * 576 * 2, BLOCKS * 4),
+    "generator-names": layer_major(PAGE, BLOCKS),
 }
 
 SCRIPT = """
@@ -235,3 +238,29 @@ def test_registered_memory_must_lie_in_the_buffers(registered, outside):
 
     found = mooncake.outside({"registered": registered, "buffer_bytes": [65536]})
     assert (found is not None) == outside, found
+
+
+@pytest.mark.parametrize(("layout", "one_run"), [
+    ("LBHNC", True), ("LBNHC", True), ("BLHNC", True), ("BLNHC", True),  # a layer's block: heads, tokens and content
+    ("LHBNC", False), ("BHLNC", False),  # a layer's block: one run per head
+    ("NHD", True), ("HND", True),
+])
+def test_a_block_is_one_run_of_bytes_where_its_heads_lie_inside_it(layout, one_run):
+    from oracles import transfer
+
+    assert transfer.block_is_one_run(layout) is one_run
+
+
+def test_generator_names_are_renamed_with_one_layer_index_each_and_kept_where_they_have_one():
+    from fuzz.checks import mooncake
+
+    case = CASES["generator-names"]
+    names = mooncake.vllm_names(case)
+    assert names == {"g0.l0": "model.layers.0.self_attn.attn", "g0.l1": "model.layers.1.self_attn.attn"}
+    assert mooncake.vllm_names(CASES["full"]) == {name: name for name in LAYERS}
+
+
+def test_the_check_is_not_drawn_into_campaigns_yet():
+    from fuzz.checks import mooncake
+
+    assert mooncake.CHECK.drawn is False and mooncake.CHECK.applies(CASES["full"])

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import ctypes
+import functools
 import importlib
 import inspect
 import itertools
@@ -190,6 +192,7 @@ def stand_ins(module: types.ModuleType, end: End, role: str) -> Iterator[list[st
         stack.enter_context(nixl._attribute(config.cache_config, "block_size", nixl.tokens_per_block(walk)))
         stack.enter_context(nixl._attribute(config, "model_config", MooncakeModel(walk.case, end.tp_size, end.kv_heads)))
         stack.enter_context(consumers.layers_in_config(walk))
+        stack.enter_context(forward_context_as(config, vllm_names(walk.case)))
         yield replaced
 
 
@@ -212,17 +215,65 @@ def shut(worker: Any) -> None:
     worker.shutdown = lambda: None  # its __del__ shuts it down again: nothing is left to stop
 
 
+def vllm_names(case: Case) -> dict[str, str]:
+    """The case's layers under the names vLLM gives attention modules, one layer index each: Mooncake's worker reads the
+    index from the name (extract_layer_index). A case already named so keeps its names."""
+    names = [*case.layer_names, *(sharer for sharer, _ in case.kv_sharing if sharer not in case.layer_names)]
+    if all(LAYER_INDEX.fullmatch(name) for name in names):
+        return {name: name for name in names}
+    return {name: f"model.layers.{index}.self_attn.attn" for index, name in enumerate(names)}
+
+
+def renamed_config(config: Any, names: dict[str, str]) -> Any:
+    """A copy of the runner's KVCacheConfig with its layers under `names`: groups, tensors and per-layer specs."""
+    copied = copy.deepcopy(config)
+    for group in copied.kv_cache_groups:
+        group.layer_names = [names.get(name, name) for name in group.layer_names]
+        specs = getattr(group.kv_cache_spec, "kv_cache_specs", None)
+        if isinstance(specs, dict):
+            renamed = {names.get(name, name): spec for name, spec in specs.items()}
+            specs.clear()
+            specs.update(renamed)
+    for tensor in copied.kv_cache_tensors:
+        for field in ("layers", "shared_by"):  # 0.31+ names a tensor's layers `layers`
+            if hasattr(tensor, field):
+                setattr(tensor, field, [names.get(name, name) for name in getattr(tensor, field)])
+    for attribute, value in vars(type(copied)).items():  # what the config derived from the old names, derived again
+        if isinstance(value, functools.cached_property):
+            copied.__dict__.pop(attribute, None)
+    return copied
+
+
+@contextlib.contextmanager
+def forward_context_as(config: Any, names: dict[str, str]) -> Iterator[None]:
+    """The config's layers (vLLM's and kvfuzz's stand-ins) also under their vLLM names, while a worker looks them up."""
+    context = config.compilation_config.static_forward_context
+    added = [new for old, new in names.items() if new != old and old in context and new not in context]
+    for old, new in names.items():
+        if new in added:
+            context[new] = context[old]
+    try:
+        yield
+    finally:
+        for new in added:
+            context.pop(new, None)
+
+
 def build(cls: type, module: types.ModuleType, end: End, role: str) -> Any:
-    """vLLM's worker for `role`, built and registered on the end's caches under the stand-ins; the caller shuts it."""
+    """vLLM's worker for `role`, built and registered on the end's caches under the stand-ins, its layers under vLLM's
+    names (`vllm_names`); the caller shuts it."""
     from fuzz.targets.consumers import with_sharers
 
+    names = vllm_names(end.walk.case)
+    caches = {names.get(name, name): cache for name, cache in with_sharers(end.walk).items()}
     with stand_ins(module, end, role):
         worker = cls.__new__(cls)
         try:
-            cls.__init__(worker, end.walk.vllm_config, end.walk.vllm_config.kv_transfer_config.engine_id, end.walk.config)
+            cls.__init__(worker, end.walk.vllm_config, end.walk.vllm_config.kv_transfer_config.engine_id,
+                         renamed_config(end.walk.config, names))
             if role != "kv_consumer":
                 worker._mooncake_sender_listener = _listening  # the side channel and the bootstrap registration: network
-            worker.register_kv_caches(with_sharers(end.walk))
+            worker.register_kv_caches(caches)
         except BaseException:
             shut(worker)
             raise
@@ -256,7 +307,8 @@ def registration(cls: type, module: types.ModuleType, walk: Any, where: str) -> 
         raise Unusable(f"{where}: this release's worker keeps no {', '.join(missing)}, by which kvfuzz reads its regions")
     ratio = int(worker._physical_blocks_per_logical_kv_block)
     blocks = walk.case.num_blocks * ratio
-    regions = [{"name": name, "base": int(base), "stride": int(stride), "length": int(length), "blocks": blocks}
+    case_name = {new: old for old, new in vllm_names(walk.case).items()}
+    regions = [{"name": case_name.get(name, name), "base": int(base), "stride": int(stride), "length": int(length), "blocks": blocks}
                for base, stride, length, name in zip(worker.kv_caches_base_addr, worker.block_len_per_layer,
                                                      worker.kv_block_len_per_layer, worker.registered_layer_names, strict=True)]
     rows = np.array([[r["base"] + k * r["stride"], r["length"], 0] for r in regions for k in range(blocks)], dtype=np.uint64)
@@ -407,6 +459,10 @@ class MooncakeCheck(TouchCheck):
     """Mooncake's register_kv_caches at its transport, and a played push (see the module's doc)."""
 
     name = "mooncake"
+    # Not drawn into campaigns yet: its first campaigns on 0.29 - 0.34 met signatures still being triaged (a played push
+    # into a decode instance of larger blocks, compressed caches' spans under a kernel-block ratio; FINDINGS.md,
+    # candidates). A case that names it in touches.consumers runs it (its tests, corpus files).
+    drawn = False
     setting = "--kv-transfer-config '{\"kv_connector\": \"MooncakeConnector\", \"kv_role\": \"kv_both\"}'"
     required_layout = "LBHNC"  # its get_required_kvcache_layout for attention models (0.29+): vLLM takes it when the backends accept it
     reads_buffers = False  # registration reads no byte of the caches (a played transfer fills both ends itself)
@@ -437,10 +493,6 @@ class MooncakeCheck(TouchCheck):
         return consumers.consumer_run("transfer", where, consumers.runners_calling(r"\bregister_kv_caches\("), run)
 
     def unrealistic(self, case: Case) -> str | None:
-        if not all(LAYER_INDEX.fullmatch(name) for name in case.layer_names):
-            # The worker reads each layer's index from its module name (extract_layer_index asserts one integer in it);
-            # the generator's names ("g0.l1") carry none, so only cases named as vLLM names its layers run it.
-            return "Mooncake reads layer indices from vLLM module names, which this case's layer names are not"
         reason = nixl.CHECK.unrealistic(case)  # the same attention kinds, layouts and one backend per model as NIXL
         return None if reason is None else reason.replace("NIXL", "Mooncake")
 
@@ -455,6 +507,8 @@ class MooncakeCheck(TouchCheck):
                 if error["type"] in nixl.HANDSHAKE_REFUSALS:
                     return None
                 kind = "assert-on-invalid" if error["type"] == "AssertionError" else "crash-on-valid"
+            elif not transfer.block_is_one_run(case.layout):
+                return None  # it moves one span per block and layer, so it must refuse blocks that are not one run of bytes
             else:
                 kind = "refused-valid" if error["type"] in nixl.REFUSALS else "crash-on-valid"
             return observed(case, kind, error.get("function") or function, f"{record['where']}: {error['type']}: {error['message']}")
