@@ -238,6 +238,9 @@ class GroupCase:
     # Layers of one type that differ in size (vLLM's UniformTypeKVCacheSpecs, packing "uniform_type"): each
     # layer's KV heads, in layer order. Empty: every layer has spec.num_kv_heads.
     layer_heads: tuple[int, ...] = ()
+    # Layers of one type whose heads differ in size (UniformTypeKVCacheSpecs too): each layer's head size (an MLA layer's
+    # latent), in layer order. Empty: every layer has spec.head_size.
+    layer_head_sizes: tuple[int, ...] = ()
     # Layers of one group stored at two precisions (vLLM's `--kv-cache-dtype-skip-layers`): each layer's cache, in layer
     # order, either the spec's own cache dtype or the model dtype a skipped layer keeps (its cache dtype "auto").
     # Empty: every layer has spec.cache_dtype.
@@ -246,7 +249,7 @@ class GroupCase:
     @property
     def differs_per_layer(self) -> bool:
         """Whether the group's layers differ in size (vLLM's UniformTypeKVCacheSpecs): in heads or in precision."""
-        return bool(self.layer_heads or self.layer_cache_dtypes)
+        return bool(self.layer_heads or self.layer_head_sizes or self.layer_cache_dtypes)
 
     @property
     def backend_name(self) -> str:
@@ -259,6 +262,8 @@ class GroupCase:
         spec = self.spec
         if self.layer_heads:
             spec = replace(spec, num_kv_heads=self.layer_heads[position])
+        if self.layer_head_sizes:
+            spec = replace(spec, head_size=self.layer_head_sizes[position])
         if self.layer_cache_dtypes and self.layer_cache_dtypes[position] != spec.cache_dtype:
             # A quantized format's published state (its scales) is not the plain cache's.
             spec = replace(spec, cache_dtype="auto", dtype=self.layer_cache_dtypes[position], kv_quant_mode="none", state_content_bytes=None)
@@ -268,7 +273,7 @@ class GroupCase:
         """The group as its layer at `position` sees it: that layer's own spec, no per-layer fields."""
         if not self.differs_per_layer:
             return self
-        return replace(self, spec=self.layer_spec(position), layer_heads=(), layer_cache_dtypes=())
+        return replace(self, spec=self.layer_spec(position), layer_heads=(), layer_head_sizes=(), layer_cache_dtypes=())
 
     @property
     def layer_specs(self) -> tuple[SpecCase, ...]:
@@ -357,7 +362,7 @@ def to_dict(case: Case) -> dict[str, Any]:
     if case.touches is None:
         del data["touches"]  # cases without consumers keep the JSON (and content hash) they always had
     for group in data["groups"]:
-        for name in ("layer_heads", "layer_cache_dtypes"):
+        for name in ("layer_heads", "layer_head_sizes", "layer_cache_dtypes"):
             if not group[name]:
                 del group[name]
     return data
@@ -427,6 +432,14 @@ def validate(case: Case) -> None:
             _expect(group.spec.is_attention and not group.spec.is_mla, f"{where}.layer_heads",
                     "only attention layers with KV heads (not MLA) differ in heads")
             _expect(case.packing == "uniform_type", f"{where}.layer_heads", "layers that differ in size need packing uniform_type")
+        if group.layer_head_sizes:
+            spec, where_sizes = group.spec, f"{where}.layer_head_sizes"
+            _expect(len(group.layer_head_sizes) == len(group.layers), where_sizes, "must give one head size per layer")
+            _expect(all(h >= 1 for h in group.layer_head_sizes), where_sizes, "head sizes must be positive")
+            _expect(spec.is_attention, where_sizes, "only attention layers have heads")
+            _expect(spec.head_size_v is None and spec.rope_dim is None, where_sizes,
+                    "a spec that states a value head or rotary dims holds one head size")
+            _expect(case.packing == "uniform_type", where_sizes, "layers that differ in size need packing uniform_type")
         if group.layer_cache_dtypes:
             spec, where_dtypes = group.spec, f"{where}.layer_cache_dtypes"
             _expect(len(group.layer_cache_dtypes) == len(group.layers), where_dtypes, "must give one cache dtype per layer")
@@ -561,6 +574,7 @@ def _group_from_dict(data: Any, where: str) -> GroupCase:
         declared_shape=_optional_tuple(data.get("declared_shape"), f"{where}.declared_shape"),
         declared_stride_order=_optional_tuple(data.get("declared_stride_order"), f"{where}.declared_stride_order"),
         layer_heads=_int_tuple(data.get("layer_heads", []), f"{where}.layer_heads"),
+        layer_head_sizes=_int_tuple(data.get("layer_head_sizes", []), f"{where}.layer_head_sizes"),
         layer_cache_dtypes=_str_tuple(data.get("layer_cache_dtypes", []), f"{where}.layer_cache_dtypes"),
     )
 

@@ -261,6 +261,10 @@ def draw_case(source: Source, info: TargetInfo, synthetic: bool = True, max_grou
         if allowed is not None:
             layouts &= set(allowed)
         groups.append(group)
+    if len({g.backend for g in groups if g.backend}) > 2:
+        # A model's pools take a second backend for one reason (encoder-decoder cross-attention, a drafter:
+        # MIXED_BACKEND_PAIRS), never a third.
+        source.reject()
     mamba_groups = group_kinds.count("mamba")
     if mamba_groups:
         attention_page = pages.page(groups[0].spec).page_bytes
@@ -343,14 +347,54 @@ def v1_only_mamba(case: Case, info: TargetInfo) -> bool:
 
 
 def _differing_layers(source: Source, info: TargetInfo, group: GroupCase) -> GroupCase:
-    """The group's layers made to differ in size: in KV heads, in precision, or in both, as far as the group can."""
+    """The group's layers made to differ in size: in KV heads, in head size, in precision, or in several, as far as the
+    group can (an MLA group only in its latent's size)."""
     heads, precision = _can_differ_in_heads(group), bool(_skipped_dtypes(group, info))
+    head_sizes = _can_differ_in_head_sizes(group)
+    if head_sizes and (not (heads or precision) or source.chance(30)):
+        group = _differing_head_sizes(source, group)
+        if source.chance(70):
+            return group
     both = heads and precision and source.chance(30)
     if heads and (both or not precision or source.chance(60)):
         group = _differing_heads(source, group)
     if precision and (both or not group.layer_heads):
         group = _differing_precision(source, info, group)
     return group
+
+
+# MLA latents that differ between layers are drawn as 64 elements times a power of two, unpadded: the flat-row sparse MLA
+# backends align a layer's block stride (64 KiB on FLASHINFER_MLA_SPARSE) and assert it is a whole number of the layer's
+# rows (0.32 MLAAttention.bind_kv_cache), which rows of other sizes do not divide (a 1025- or 320-element latent).
+MLA_LATENT_MULTIPLE = 64
+MLA_LATENTS = tuple(MLA_LATENT_MULTIPLE << shift for shift in range(6))  # 64 ... 2048
+
+
+def _can_differ_in_head_sizes(group: GroupCase) -> bool:
+    """Whether the group's layers can take head sizes of their own: attention layers (MLA's latent too) whose spec states
+    nothing else that follows the head size (a value head, rotary dims, a record format, head slots, a padded page)."""
+    spec = group.spec
+    mla_row = not spec.is_mla or spec.alignment is None
+    return (len(group.layers) > 1 and spec.is_attention and spec.head_size_v is None and spec.rope_dim is None
+            and spec.state_content_bytes is None and spec.num_head_slots is None and spec.page_size_padded is None and mla_row)
+
+
+def _differing_head_sizes(source: Source, group: GroupCase) -> GroupCase:
+    """The group's layers with head sizes of their own, the group's own among them, in whole groups of the cache format's
+    elements; each at most the group's own size times two, so the pages still fit the buffer cap the spec was drawn under."""
+    spec = group.spec
+    if spec.is_mla:  # every layer's latent one of MLA_LATENTS, at most about twice the drawn one (the buffer cap)
+        latents = [size for size in MLA_LATENTS if size <= max(2 * spec.head_size, 2 * MLA_LATENT_MULTIPLE)]
+        sizes = [source.choice(latents) for _ in group.layers]
+        if len(set(sizes)) == 1:
+            sizes[-1] = next(size for size in latents if size != sizes[-1])
+        return replace(group, layer_head_sizes=tuple(sizes))
+    multiple = definition.head_multiple if (definition := dtypes.definition(spec.cache_dtype)) is not None else 1
+    most = max(1, 2 * spec.head_size // multiple)
+    sizes = [spec.head_size if source.chance(40) else multiple * edge_int(source, 1, most) for _ in group.layers]
+    if len(set(sizes)) == 1:
+        sizes[-1] = multiple * (sizes[-1] // multiple % most + 1)
+    return replace(group, layer_head_sizes=tuple(sizes))
 
 
 def _differing_precision(source: Source, info: TargetInfo, group: GroupCase) -> GroupCase:
@@ -426,8 +470,9 @@ def packing_reason(case: Case, info: TargetInfo, packing: str) -> str | None:
             return "UniformTypeKVCacheSpecs hold attention layers only"
         if len(case.groups) > 1 and info.contract.packing == "none" and not info.contract.page_buckets:
             return "this vLLM plans one group of UniformTypeKVCacheSpecs only"
-        if info.contract.layout_placed and not all(_can_differ_in_heads(g) or _skipped_dtypes(g, info) for g in case.groups):
-            return "from 0.29 a UniformTypeKVCacheSpecs group holds layers that differ in KV heads or in precision"
+        if info.contract.layout_placed and not all(_can_differ_in_heads(g) or _can_differ_in_head_sizes(g) or _skipped_dtypes(g, info)
+                                                   for g in case.groups):
+            return "from 0.29 a UniformTypeKVCacheSpecs group holds layers that differ in KV heads, head size or precision"
         if info.contract.layout_placed and not _block_compact(case.layout):
             return MIXED_SHAPES_RULE
     return None

@@ -64,7 +64,7 @@ elements, and the spec must carry the quant mode its handler returns.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -513,6 +513,15 @@ def block_owns_its_row(layout_placed: bool, layout: str) -> bool:
     return layout_placed and layout.startswith("B")
 
 
+@rule("vllm/v1/core/kv_cache_coordinator.py KVCacheCoordinator.__init__: 'self.block_pool = BlockPool(num_gpu_blocks="
+      "kv_cache_config.num_blocks, ...)', one pool for every KV cache group, each group's manager taking its blocks from it; "
+      "kv_cache_utils.py get_kv_cache_config_from_groups: 'Groups alias from byte 0'")
+def block_id_held_by_one_group() -> bool:
+    """A block id is handed to one group at a time: the groups' layers that share a tensor address the same bytes under one
+    block id, and never both hold it. A connector's spans of one block id in two groups may share bytes; of two ids, never."""
+    return True
+
+
 # Spec kinds of the layers that allocate a KV cache and attend to the whole context, by their meaning.
 ALLOCATING_ATTENTION_KINDS = ("full", "sliding_window", "chunked_local", "sink", "cross", "mla", "sliding_window_mla")
 FULL_ATTENTION_KINDS = ("full", "sink", "mla")
@@ -581,3 +590,136 @@ def private_block_interior(backend: str) -> bool:
     """CPU_ATTN keeps (block, head) interiors in its own order: its writes must stay in the token's block and head, cover
     every element once, and nothing more is promised about where inside."""
     return backend == "CPU_ATTN"
+
+
+# --- several workers of one model: the engine-level planner (oracles/planner.py)
+
+
+@rule("vllm/v1/core/kv_cache_utils.py get_kv_cache_configs (0.19.1 - 0.32; vllm/v1/core/kv_cache_planning.py from 0.33) "
+      "docstring: '5. Change the num_blocks of each worker to the smallest among all workers and shrink tensor sizes "
+      "proportionally to avoid allocating unused memory.'; generate_scheduler_kv_cache_config: `assert all([cfg.num_blocks == "
+      "kv_cache_configs[0].num_blocks for cfg in kv_cache_configs])`")
+def least_blocks(blocks_each_worker_holds: Sequence[int]) -> int:
+    """Workers of one model get one block count (the scheduler hands every worker the same block ids): the least any
+    worker's memory holds; each worker's tensors hold that many blocks of the bytes its own plan spends per block."""
+    return min(blocks_each_worker_holds)
+
+
+@rule("vllm/v1/core/kv_cache_utils.py get_kv_cache_configs docstring: '2. Generate the KV cache groups based on the layer "
+      "ratio of the whole model. ... "
+      "4. Generate the KV cache configs for each worker based on the KV cache grouping strategy.'; "
+      "_project_kv_cache_groups_to_worker (0.19.1+): 'In pipeline parallelism, each worker only owns a subset of layers. This "
+      "function filters the global groups to include only layers present on the given worker' (a group is kept for every "
+      "global group, its layer list empty where the worker owns none of its layers); generate_scheduler_kv_cache_config: 'All "
+      "workers have the same kv_cache_config except layer names'; PR #23974 (fixing #23883, stages planning different groups): "
+      "'generating the kv cache groups based on the full:sw ratio of the full model'")
+def projected_layers(group_layers: Sequence[str], worker_layers: Collection[str]) -> tuple[str, ...]:
+    """Every worker has every group of the whole model, in the whole model's order, with the group's block size and spec:
+    its layers are those of the group the worker owns, in the group's order, none where it owns none of them."""
+    return tuple(name for name in group_layers if name in worker_layers)
+
+
+@rule("vllm/v1/core/kv_cache_utils.py get_kv_cache_configs: 'kv_cache_specs: List of dict[layer_name, KVCacheSpec] for "
+      "each worker' and `assert "
+      "sum(len(group.layer_names) for group in projected_groups) == len(kv_cache_spec_one_worker), \"Some layers are not "
+      "assigned to any group.\"`; KVCacheTensor.shared_by / layers: the layers whose cache the tensor backs; issue #54711 (a "
+      "group projected empty 'still emits KVCacheTensors for other ranks' layers', allocation then fails)")
+def owned_tensor_layers(worker_layers: Collection[str]) -> frozenset[str]:
+    """A worker's KV-cache tensors back exactly the layers it owns, each once: none of another worker's."""
+    return frozenset(worker_layers)
+
+
+LOCAL_ATTENTION_KINDS = ("sliding_window", "chunked_local")
+
+
+@rule("vllm/v1/core/kv_cache_utils.py unify_hybrid_kv_cache_specs (0.19.1+; kv_cache_planning.py from 0.33), which "
+      "get_kv_cache_groups calls `if vllm_config.scheduler_config.disable_hybrid_kv_cache_manager`: 'This function tries to "
+      "convert the KV cache specs to one type if the model is a hybrid model with multiple type of KV cache. It will convert "
+      "all SlidingWindowSpec to FullAttentionSpec if both types are present.'; the refusal 'Hybrid KV cache manager is disabled "
+      "but failed to convert the KV cache specs to one unified type.' (0.19.1 - 0.27), from 0.28 _promote_local_kv_cache_specs: "
+      "'Use full-attention allocation for local-attention cache specs', 'Failed to promote local KV cache specs to one unified "
+      "type.'; a promoted layer keeps its window (FullAttentionSpec(sliding_window=...), 0.28+ replace_as), and "
+      "FullAttentionSpec.merge_window_sizes: 'All attention layers in the same KV cache group must have the same window size.'")
+def unified_kind(kinds: Collection[str], windows: Collection[int], chunks: Collection[int]) -> str | None:
+    """With the hybrid KV-cache manager off, a model's layers are planned as one type, in one group: where it has
+    full-attention layers, its sliding-window and chunked-local layers as full attention, keeping their windows (one
+    sliding window and one chunk size at most in a group); a model whose layers are then not of one type (Mamba beside
+    attention, local layers of two kinds or several windows) is refused. Returns the kind every layer is planned as, None
+    where vLLM must refuse."""
+    present = set(kinds)
+    one_window = len(set(windows)) <= 1 and len(set(chunks)) <= 1
+    if "full" in present and present <= {"full", *LOCAL_ATTENTION_KINDS}:
+        return "full" if one_window else None
+    if len(present) == 1 and one_window:
+        return next(iter(present))
+    return None
+
+
+@rule("vllm/v1/core/kv_cache_planning.py shrink_kv_cache_configs (0.34): 'Lower num_blocks of every config in place after "
+      "measured sizing. The tensors' size follows (their strides and offsets keep describing the reservation).'")
+def shrunk_blocks(requested: int) -> int:
+    """Shrunk to a block count, every worker's config holds that many blocks, each tensor that many of its bytes per block."""
+    return requested
+
+
+# --- HiSparse (vllm/v1/hisparse, 0.30+): sparse-MLA KV on host, resident and hot copies on the device
+
+
+@rule("vllm/v1/attention/backends/mla/indexer.py DeepseekV32IndexerBackend.get_supported_kernel_block_sizes (0.30+): "
+      "'return [1, MultipleOf(16)] if current_platform.is_rocm() else [64]'; vllm/v1/hisparse/binding.py "
+      "resolve_hisparse_specs (resolve_hisparse_block_size in 0.30): 'HiSparse requires a GPU block size supported by every "
+      "sparse attention and indexer backend', every MLA spec `copy_with_new_block_size(block_size)`")
+def hisparse_block_tokens() -> int:
+    """HiSparse pages every sparse-MLA and indexer cache in 64-token blocks on NVIDIA (the DeepSeek V3.2 indexer's size)."""
+    return 64
+
+
+@rule("vllm/model_executor/models/deepseek_v2.py Indexer: `DeepseekV32IndexerCache(head_dim=self.head_dim + "
+      "self.head_dim // self.quant_block_size * 4, dtype=torch.uint8)`, one head (get_kv_cache_spec: `num_kv_heads=1, "
+      "cache_role=SparseCacheRole.INDEXER`); index_head_dim 128, quant_block_size 128 in DeepSeek V3.2")
+def hisparse_indexer_row_bytes(index_head_dim: int = 128, quant_block: int = 128) -> int:
+    """A DeepSeek V3.2 indexer cache stores, per token, its fp8 key and one 4-byte scale per quantization block."""
+    return index_head_dim + index_head_dim // quant_block * 4
+
+
+@rule("vllm/v1/hisparse/layout.py _lay_out_hisparse_groups (0.30+): a hot group of layers of one page size gets "
+      "HiSparseResidentSpec(block_size=gpu_block_size, page_size=page_size) and HiSparseHotSpec(..., page_size=page_size), "
+      "page_size the layers' spec.page_size_bytes; runtime.py PagedCacheView.bind views (num_blocks, block_size, row_width)")
+def hisparse_device_copy_page(source_page: int) -> int:
+    """A sparse-MLA layer's resident and hot blocks each hold one whole page of the layer's own (host) cache."""
+    return source_page
+
+
+@rule("vllm/v1/hisparse/layout.py create_hisparse_layout (0.30+): host_block_stride = get_hisparse_host_block_stride("
+      "source_group.kv_cache_spec.page_size_bytes, ...) ('return page_size_bytes' without a shared pool), host_num_blocks = "
+      "host_budget // host_block_stride; get_hisparse_kv_cache_config: host_size = host_bytes_per_block * host_num_blocks; "
+      "get_hisparse_host_pool_bytes: int(host_pool_gib * 2**30)")
+def hisparse_host_blocks(budget_bytes: int, source_pages: list[int]) -> int:
+    """A private host pool's block holds one page of every sparse-MLA layer; the budget holds as many whole blocks as fit."""
+    return budget_bytes // sum(source_pages)
+
+
+@rule("vllm/v1/kv_cache_interface.py KVCacheTensor (0.29+): 'Tensors whose address ranges overlap alias the same bytes: "
+      "cache groups overlay each other, which is sound because a block ID is owned by one group at a time'; "
+      "vllm/v1/hisparse/layout.py: 'the GPU groups sharing one device pool'")
+def hisparse_groups_overlay(same_group: bool, same_block: bool) -> bool:
+    """Two blocks may share bytes only when they are one block id of two groups (never live at once)."""
+    return not same_group and same_block
+
+
+@rule("vllm/v1/hisparse/layout.py _build_hisparse_kv_cache_tensors (0.30+): 'HiSparse requires a block-outermost KV layout.' "
+      "(a ValueError for resident and hot specs in any other layout); vllm/v1/core/kv_cache_utils.py (kv_cache_planning.py "
+      "0.33+) validate_kv_cache_layout, which get_hisparse_kv_cache_config calls on the device groups: 'Mixed page sizes pack "
+      "pages side by side within a block, which needs each page to be one contiguous chunk inside its block (a block-compact "
+      "layout)' (the indexer's and the sparse-MLA layers' pages differ)")
+def hisparse_layout_accepted(layout: str) -> bool:
+    """HiSparse lays out its device pool only where a block is outermost and holds each layer's page in one piece."""
+    return layout.startswith("BL")
+
+
+@rule("vllm/v1/hisparse/runtime.py HiSparseRuntime.__init__ (0.30+): 'HiSparse requires 16-byte aligned KV rows'; "
+      "index_group.py HiSparseMLAIndexGroup.register_layer: an fp8_ds_mla row is FP8_DS_MLA_ROW_BYTES (656) bytes, any other "
+      "cache a head_size row of the cache dtype")
+def hisparse_row_accepted(row_bytes: int) -> bool:
+    """HiSparse moves whole token rows of 16-byte multiples."""
+    return row_bytes % 16 == 0

@@ -10,18 +10,19 @@ block of `ratio` kernel blocks is moved as `ratio` descriptors. Derived here fro
                        block-outermost row): block b's own, which its descriptors may carry (as the offloading connector's
                        regions may: a transfer that moves them writes only the receiving block's own padding);
 - `check`              each descriptor against those sets: no byte of another block, every content byte covered, no two
-                       descriptors sharing a byte.
+                       descriptors sharing a byte, except two of one block id in layers that are one cache (a KV-sharing
+                       layer and its target) or in two groups (contract.block_id_held_by_one_group), where the regions'
+                       layers are known.
 Never imports vLLM.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from fuzz.case import Case
-from oracles import touch
+from oracles import contract, touch
 from oracles.expectation import Expectation, ViewExpectation
 from oracles.strided import Strided
 
@@ -98,9 +99,35 @@ def block_padding(case: Case, expected: Expectation, block: int) -> touch.Bytes:
     return touch.minus(touch.tile(case, expected, block), block_content(expected, block))
 
 
-def check(case: Case, expected: Expectation, descriptors: list[Descriptor], ratio: int) -> Problem | None:
-    """The first rule the descriptors break, or None. `ratio` is the kernel blocks per manager block the connector uses."""
-    return (_outside(descriptors) or _per_block(case, expected, descriptors, ratio) or _overlap(descriptors))
+def check(case: Case, expected: Expectation, descriptors: list[Descriptor], ratio: int,
+          region_layers: Sequence[str] | None = None) -> Problem | None:
+    """The first rule the descriptors break, or None. `ratio` is the kernel blocks per manager block the connector uses;
+    `region_layers`, where the connector names them, the layer of each region (by region index)."""
+    may_share = _same_block_aliases(case, region_layers) if region_layers is not None else _never
+    return (_outside(descriptors) or _per_block(case, expected, descriptors, ratio) or _overlap(descriptors, may_share))
+
+
+def _never(first: Descriptor, second: Descriptor) -> bool:
+    return False
+
+
+def _same_block_aliases(case: Case, region_layers: Sequence[str]) -> Callable[[Descriptor, Descriptor], bool]:
+    """Whether two descriptors may share bytes: both of one block id, in layers that are one cache (a KV-sharing layer
+    reads and writes its target's) or in two groups (a block id is one group's at a time)."""
+    group_of = {name: index for index, group in enumerate(case.groups) for name in group.layers}
+    target_of = dict(case.kv_sharing)
+
+    def cache(region: int) -> str:
+        name = region_layers[region]
+        return target_of.get(name, name)
+
+    def may_share(first: Descriptor, second: Descriptor) -> bool:
+        if first.kernel_block != second.kernel_block:
+            return False
+        a, b = cache(first.region), cache(second.region)
+        return a == b or (contract.block_id_held_by_one_group() and group_of.get(a) != group_of.get(b))
+
+    return may_share
 
 
 def _outside(descriptors: list[Descriptor]) -> Problem | None:
@@ -151,22 +178,21 @@ def _missed(case: Case, expected: Expectation, by_kernel: dict[int, list[Descrip
     return None
 
 
-def _overlap(descriptors: list[Descriptor]) -> Problem | None:
+def _overlap(descriptors: list[Descriptor], may_share: Callable[[Descriptor, Descriptor], bool]) -> Problem | None:
     by_buffer: dict[int, list[Descriptor]] = {}
     for d in descriptors:
         if d.end > d.start:
             by_buffer.setdefault(d.buffer, []).append(d)
     for items in by_buffer.values():
-        ordered = sorted(items, key=lambda d: (d.start, d.end))
-        starts = np.array([d.start for d in ordered], dtype=np.int64)
-        reach = np.maximum.accumulate(np.array([d.end for d in ordered], dtype=np.int64))
-        clash = np.flatnonzero(starts[1:] < reach[:-1])
-        if clash.size:
-            second = ordered[int(clash[0]) + 1]
-            first = next(d for d in ordered[: int(clash[0]) + 1] if d.end > second.start)
-            shared = {second.buffer: touch.Spans.of([second.start], [min(first.end, second.end)])}
-            return Problem("overlap", second.region, second.kernel_block,
-                           f"shares {_describe(shared)} with the descriptor of region {first.region}, kernel block {first.kernel_block}", shared)
+        open_spans: list[Descriptor] = []  # the descriptors that reach past the current start
+        for second in sorted(items, key=lambda d: (d.start, d.end)):
+            open_spans = [d for d in open_spans if d.end > second.start]
+            first = next((d for d in open_spans if not may_share(d, second)), None)
+            if first is not None:
+                shared = {second.buffer: touch.Spans.of([second.start], [min(first.end, second.end)])}
+                message = f"shares {_describe(shared)} with the descriptor of region {first.region}, kernel block {first.kernel_block}"
+                return Problem("overlap", second.region, second.kernel_block, message, shared)
+            open_spans.append(second)
     return None
 
 

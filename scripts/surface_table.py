@@ -36,9 +36,9 @@ def version_key(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split(".") if part.isdigit())
 
 
-def run(release: str, seconds: float) -> Path:
+def run(release: str, seconds: float, probe: str = "metadata") -> Path:
     """One release's map, kept as docs/surface/VERSION.json (VERSION as vLLM reports it)."""
-    command = [sys.executable, "-m", "fuzz.cli", "surface", "--vllm", release, "--max-time", str(seconds), "--json"]
+    command = [sys.executable, "-m", "fuzz.cli", "surface", "--vllm", release, "--max-time", str(seconds), "--probe", probe, "--json"]
     try:  # the command bounds itself by --max-time; this bounds a release that hangs while it is fetched or imported
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False,
                               timeout=seconds + START_LIMIT_S)
@@ -87,13 +87,15 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--run", action="store_true", help="map the releases into docs/surface/ first")
     parser.add_argument("--max-time", type=float, default=60.0, help="seconds of traced campaign per release (default 60)")
     parser.add_argument("--jobs", type=int, default=1, help="releases mapped at once (default 1)")
+    parser.add_argument("--probe", choices=("metadata", "kernel"), default="metadata",
+                        help="the cases' probe: kernel also runs each backend's own cache write (default metadata)")
     parser.add_argument("--check", action="store_true", help="exit 1 when the page's table is not the generated one")
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.run:
         if not args.releases:
             parser.error("--run needs the releases to map")
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            for path in pool.map(lambda release: run(release, args.max_time), args.releases):
+            for path in pool.map(lambda release: run(release, args.max_time, args.probe), args.releases):
                 print(f"wrote {path.relative_to(ROOT)}")
     text = PAGE.read_text()
     generated = generate(text, kept_maps())

@@ -295,27 +295,54 @@ def test_flex_attention_builder_refuses_a_block_size_vllm_picked_for_it(kvfuzz_t
     assert finding is not None and finding.kind == attention.ERROR and "must be a power of 2" in finding.message
 
 
-OFFER_SCRIPT = """
+RELEASE_SCRIPT = """
 import json
 from fuzz.checks import attention
-from fuzz.checks.protocol import Off
+from fuzz.targets import triton_interp
+from fuzz.targets.loader import load_local
+from tests.test_attention_readback import LAYERS, case_for, judged, stride_halved
 import vllm
-offered = attention.CHECK.offer(None)
-print("RESULT " + json.dumps({"version": vllm.__version__, "off": offered.reason if isinstance(offered, Off) else None}))
+target = load_local()
+offered = attention.CHECK.offer(target.probe)
+out = {"version": vllm.__version__, "off": getattr(offered, "reason", None), "interpreting": triton_interp.interpreting()}
+layout = "LBNHC" if target.info.contract.layout_placed else "NHD"
+cases = {"decode-and-prefill": case_for("TRITON_ATTN", layout, 16, "float16"),
+         "kernel-blocks": case_for("TRITON_ATTN", layout, 32, "float32", kernel_block_size=16),
+         "window": case_for("TRITON_ATTN", layout, 32, "float32", "sliding_window")}
+if MISREAD:
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+    TritonAttentionImpl.forward = stride_halved(TritonAttentionImpl.forward)
+for name, case in cases.items() if callable(offered) else ():
+    walk = target.walk(case)
+    record = offered(walk)
+    finding = judged(walk, target, record)
+    layer = record["layers"][LAYERS[0]]
+    out[name] = {"finding": None if finding is None else [finding.kind, finding.function], "read": "output" in layer,
+                 "kernel_block_size": layer.get("kernel_block_size"), "walked": walk.kernel_block_sizes[0]}
+print("RESULT " + json.dumps(out))
 """
 
 
 @pytest.mark.slow
 @pytest.mark.releases
-@pytest.mark.parametrize("version", sampled(["0.22.0", "0.31.0"], ["0.31.0"]))
-def test_releases_before_0_32_leave_the_read_back_off_instead_of_failing_in_kvfuzz(version, tmp_path):
-    """Before 0.32 AttentionGroup neither maps kernel blocks nor builds metadata (the runner's BlockTable and the runner
-    do): the check is off there, named, where it used to raise a TypeError in kvfuzz's own code on every case it drew."""
+@pytest.mark.parametrize("version", sampled(["0.19.1", "0.22.0", "0.28.0", "0.31.0"], ["0.22.0", "0.31.0"]))
+@pytest.mark.parametrize("misread", [False, True], ids=["as-written", "another-block-stride"])
+def test_releases_before_0_32_read_back_through_the_runner_s_block_table(version, misread, tmp_path, monkeypatch):
+    """Before 0.32 the runner maps kernel blocks in its BlockTable (`map_to_kernel_blocks`) and hands its builder the
+    kernel-block table: the check does the same, and TRITON_ATTN's forward (Triton's interpreter) reads back decode and
+    prefill tokens, through kernel blocks and a window; the forward made to read with half the block stride is found."""
     from tests.processes import run_in_release
 
-    out = run_in_release(version, OFFER_SCRIPT, tmp_path)
-    assert out["version"] == version
-    assert out["off"] is not None and "map_to_kernel_block_table" in out["off"]
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    out = run_in_release(version, f"MISREAD = {misread}\n{RELEASE_SCRIPT}", tmp_path)
+    assert out["version"] == version and out["off"] is None and out["interpreting"], out
+    for name in ("decode-and-prefill", "kernel-blocks", "window"):
+        if misread:  # read wrong, or refused by the kernel's own checks on the strides it was handed: reported either way
+            assert out[name]["finding"] is not None and out[name]["finding"][0] in (attention.MISMATCH, attention.ERROR), (name, out[name])
+        else:
+            assert out[name]["read"] and out[name]["finding"] is None, (name, out[name])
+    if not misread:
+        assert out["kernel-blocks"]["kernel_block_size"] == out["kernel-blocks"]["walked"]  # the kernel blocks vLLM picked
 
 
 def test_the_installed_release_offers_the_read_back():

@@ -8,6 +8,7 @@ or steps its blocks by the wrong stride."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -18,7 +19,11 @@ from pathlib import Path
 
 import pytest
 
+import oracles
 from fuzz.case import Case, GroupCase, SpecCase, Touches
+from oracles import transfer
+from oracles.contract import LAYOUT_PLACED_KERNEL_MAP
+from tests.conftest import one_group
 
 LAYERS = ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")
 BLOCKS = 4
@@ -49,6 +54,10 @@ CASES = {
     "mla-kernel-split": mla_case(),
     # The generator's layer names carry no layer index; the check hands them to Mooncake under vLLM's (vllm_names).
     "generator-names": attention_case(layers=("g0.l0", "g0.l1")),
+    # Five blocks, its kernel block size stated as the walk states it: its played push goes into rank 1 of a decode instance
+    # of twice the TP (nixl.peer_of reads the walked case), which holds head 1.
+    "tp-peer": dataclasses.replace(attention_case(), num_blocks=5, groups=(
+        dataclasses.replace(attention_case().groups[0], kernel_block_size=16),)),
 }
 
 
@@ -214,6 +223,26 @@ WIDER = ("block_len = region_cache.stride(0) * region_cache.element_size()",
          "block_len = region_cache.stride(0) * region_cache.element_size() * 2")
 
 
+# The prefill side slices the head range of the decode rank after the one that asked (TP 1 into TP 2: rank 1 gets head 0).
+OTHER_RANK = ("(remote_tp_rank % ratio_abs) * remote_kv_block_len", "((remote_tp_rank + 1) % ratio_abs) * remote_kv_block_len")
+
+
+def test_the_tp_peer_case_is_pushed_into_rank_1_of_twice_the_tp():
+    from fuzz.checks import nixl
+
+    how, peer, tp_size, tp_rank = nixl.peer_of(CASES["tp-peer"])
+    assert (how, tp_size, tp_rank) == ("tp", 2, 1) and peer.groups[0].spec.num_kv_heads == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.32.0", "0.34.0"])
+def test_a_push_of_the_wrong_rank_s_heads_is_reported(version, tmp_path):
+    root = mutated_tree(version, tmp_path / "tree", *OTHER_RANK)
+    got = run_in_tree(str(root), ["tp-peer"], tmp_path)["tp-peer"]
+    assert got["played"]["peer"] == "tp" and got["played"]["wrong"], got
+    assert got["finding"] is not None and got["finding"].startswith("transfer-wrong: "), got
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("version", ["0.32.0", "0.34.0"])
 @pytest.mark.parametrize(("mutation", "case"), [(LONGER, "full"), (WIDER, "full"), (WIDER, "mla-kernel-split")],
@@ -260,7 +289,37 @@ def test_generator_names_are_renamed_with_one_layer_index_each_and_kept_where_th
     assert mooncake.vllm_names(CASES["full"]) == {name: name for name in LAYERS}
 
 
-def test_the_check_is_not_drawn_into_campaigns_yet():
+def test_the_check_is_drawn_into_campaigns():
     from fuzz.checks import mooncake
 
-    assert mooncake.CHECK.drawn is False and mooncake.CHECK.applies(CASES["full"])
+    assert mooncake.CHECK.drawn is True and mooncake.CHECK.applies(CASES["full"])
+
+def sharing_and_two_groups() -> list[tuple[Case, list[transfer.Descriptor]]]:
+    """Two cases whose second layer's blocks are the first layer's bytes, each with a span per block and layer: a KV-sharing
+    layer (one cache), and two one-layer groups over one pool (a block id is one group's at a time)."""
+    spec = SpecCase(kind="full", block_size=16, num_kv_heads=2, head_size=64, dtype="bfloat16")
+    sharing = dataclasses.replace(one_group(spec, layout="LBNHC", blocks=3, layers=("l0",)), kv_sharing=(("l1", "l0"),))
+    two_groups = Case(groups=(GroupCase(spec=spec, layers=("l0",)), GroupCase(spec=spec, layers=("l1",))), num_blocks=3,
+                      layout="LBNHC")
+    page = 16 * 2 * 2 * 64 * 2
+    spans = [transfer.Descriptor(region, k, 0, k * page, (k + 1) * page) for region in (0, 1) for k in range(3)]
+    return [(sharing, spans), (two_groups, spans)]
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["kv-sharing", "two-groups"])
+def test_spans_of_one_block_id_may_share_bytes_in_one_cache_or_across_groups(index):
+    """Mooncake registers a KV-sharing layer's region beside its target's, and each group's layers over the pool the groups
+    share: the same bytes under the same block id are one cache's, never two blocks'."""
+    case, spans = sharing_and_two_groups()[index]
+    expected = oracles.expect(case, LAYOUT_PLACED_KERNEL_MAP)
+    assert transfer.check(case, expected, spans, 1, ["l0", "l1"]) is None
+    unnamed = transfer.check(case, expected, spans, 1)  # a connector whose regions name no layer: every shared byte counts
+    assert unnamed is not None and unnamed.kind == "overlap"
+
+
+def test_spans_of_two_block_ids_sharing_bytes_overlap_whatever_their_layers():
+    case, spans = sharing_and_two_groups()[0]
+    expected = oracles.expect(case, LAYOUT_PLACED_KERNEL_MAP)
+    swapped = [*spans[:3], dataclasses.replace(spans[3], kernel_block=1), dataclasses.replace(spans[4], kernel_block=0), spans[5]]
+    problem = transfer.check(case, expected, swapped, 1, ["l0", "l1"])
+    assert problem is not None and problem.kind in ("foreign", "overlap")

@@ -58,7 +58,7 @@ def test_every_option_of_0_33_is_drawn():
 
 # The case-space dimensions issue 46 added, counted per model runner as well ("mamba@v1": cases with Mamba layers the V1
 # runner builds).
-PER_RUNNER = ("backends_differ", "mamba", "mamba_only", "layers_differ", "precisions_differ")
+PER_RUNNER = ("backends_differ", "mamba", "mamba_only", "layers_differ", "precisions_differ", "head_sizes_differ", "latents_differ")
 
 
 def surface_counts(info: TargetInfo, sample: int = SAMPLE, seed: int = 1) -> Counter[str]:
@@ -82,6 +82,9 @@ def surface_counts(info: TargetInfo, sample: int = SAMPLE, seed: int = 1) -> Cou
         drawn["mamba_runner=" + case.runner] += mamba
         drawn["layers_differ"] += any(len(set(g.layer_specs)) > 1 for g in case.groups)
         drawn["precisions_differ"] += any(len({s.dtype for s in g.layer_specs}) > 1 for g in case.groups)
+        sizes_differ = [g for g in case.groups if len({s.head_size for s in g.layer_specs}) > 1]
+        drawn["head_sizes_differ"] += any(not g.spec.is_mla for g in sizes_differ)
+        drawn["latents_differ"] += any(g.spec.is_mla for g in sizes_differ)
         drawn["value_heads_differ"] += any(g.spec.head_size_v not in (None, g.spec.head_size) for g in case.groups)
         drawn["backends_differ"] += len({g.backend for g in case.groups if g.spec.is_attention and g.backend}) > 1
         for dimension in PER_RUNNER:  # a case run by both runners counts for each
@@ -106,8 +109,9 @@ def test_every_generation_reaches_the_whole_surface_it_has(version):
     """One release per generation (and 0.25, where the CPU runner's zeroer appears): each runner, packing, consumer,
     platform and quantized cache dtype the release has, vLLM-built specs where its layers build, attention-free models,
     K and V heads of different sizes where a backend takes them, several UniformTypeKVCacheSpecs groups of different page
-    sizes where the planner buckets them (0.20 - 0.23), and from 0.29 layers that differ in size and in precision
-    (`--kv-cache-dtype-skip-layers`), and Mamba layers (0.19 - 0.20: on the V1 runner), hybrid and alone, are drawn."""
+    sizes where the planner buckets them (0.20 - 0.23), from 0.29 layers that differ in size, in precision
+    (`--kv-cache-dtype-skip-layers`), in head size and in MLA latent size, and Mamba layers (0.19 - 0.20: on the V1
+    runner), hybrid and alone, are drawn."""
     info = release_info(version)
     drawn = surface_counts(info, sample=2000)
     # The attention read-back is drawn only with a group on a backend whose forward it reads (CPU_ATTN, TRITON_ATTN), which a
@@ -117,7 +121,8 @@ def test_every_generation_reaches_the_whole_surface_it_has(version):
               + ["consumer=" + c for c in consumers]
               + (["spec_source=vllm"] if info.layer_kinds else [])
               + ["platform=" + p for p in info.platforms] + (["attention_free"] if info.attention_free else [])
-              + (["layers_differ", "precisions_differ"] if info.contract.layout_placed and "uniform_type" in info.packings else [])
+              + (["layers_differ", "precisions_differ", "head_sizes_differ", "latents_differ"]
+                 if info.contract.layout_placed and "uniform_type" in info.packings else [])
               + (["page_buckets"] if info.contract.page_buckets and "uniform_type" in info.packings else [])
               + (["value_heads_differ"] if info.can("full", "head_size_v") and any(takes_value_heads(info, b) for b in info.backends) else [])
               + ["quantized=" + d for d in info.cache_dtypes if d not in PLAIN_CACHE_DTYPES

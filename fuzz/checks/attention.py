@@ -57,7 +57,10 @@ ERROR = "readback-error"
 READ_KINDS = ("full", "sliding_window")
 PLAIN_CACHE = ("auto", "float16", "bfloat16", "float32")
 DRIVEN = ("CPU_ATTN", "FLEX_ATTENTION", "TRITON_ATTN")
+# From 0.32 AttentionGroup maps a manager block table into kernel blocks and builds the metadata itself; before, the runner's
+# BlockTable maps the ids (`map_to_kernel_blocks`) and the runner calls the group's builder on the kernel-block table.
 GROUP_API = ("map_to_kernel_block_table", "build_metadata")
+RUNNER_API = ("vllm.v1.worker.block_table", "BlockTable", "map_to_kernel_blocks")
 # FLEX_ATTENTION's module compiles flex_attention and create_block_mask with torch.compile; on the CPU Inductor takes 8 -
 # 60 s per new shape. The check calls them uncompiled (`eager_compiled`): the same functions on the same cache and block
 # table, without the code Inductor generates, which is no layout code of vLLM's (about 1 s a case). Campaigns still
@@ -123,10 +126,9 @@ class AttentionReadback(TouchCheck):
             from vllm.v1.worker.utils import AttentionGroup
         except ImportError:
             return Off("this vLLM has no AttentionGroup in vllm.v1.worker.utils to split block tables into kernel blocks")
-        if not all(hasattr(AttentionGroup, name) for name in GROUP_API):
-            # Before 0.32 the runner maps kernel blocks in its own BlockTable and calls the builder itself.
-            return Off(f"this vLLM's AttentionGroup lacks {' and '.join(GROUP_API)} (from 0.32), through which the check "
-                       "maps kernel blocks and builds metadata as the runner does")
+        if not all(hasattr(AttentionGroup, name) for name in GROUP_API) and runner_mapping() is None:
+            return Off(f"this vLLM's AttentionGroup lacks {' and '.join(GROUP_API)} (from 0.32) and its runner has no "
+                       f"{'.'.join(RUNNER_API[1:])}, through which the check maps kernel blocks as the runner does")
         return run
 
     def unrealistic(self, case: Case) -> str | None:
@@ -242,16 +244,15 @@ def read_layer(walk: Any, index: int, name: str, layer: Any, backend: type, batc
             impl = forward_impl(backend, batch, group.spec.cache_dtype)
             stage = "metadata builder constructor"
             kernel_group = kernel_blocks(attention_group, config, device, kernel_block_size)
-            table = kernel_group.map_to_kernel_block_table(manager_table(batch, device)) if kernel_group.kernel_block_size else \
-                manager_table(batch, device)
+            manager = manager_table(batch, device)
+            table = kernel_table(kernel_group, manager, kernel_block_size)
             slots = slot_mapping(batch, table, kernel_block_size)
             stage = "cache write"
             write(impl, layer, drawn, slots, device)
             stage = "metadata build"
-            common = common_metadata(batch, manager_table(batch, device), new_token_slots(batch, slots), device)
             builder = kernel_group.metadata_builders[0]
             stand_ins += builder_stand_ins(builder, layer, batch)
-            metadata = kernel_group.build_metadata(common)
+            metadata = built_metadata(kernel_group, batch, manager, table, new_token_slots(batch, slots), device)
             stage = "forward"
             output = forward(impl, layer, drawn, batch, metadata, device)
         if op_stand_in.called:
@@ -410,10 +411,48 @@ def forward_impl(backend: type, batch: oracle.Batch, cache_dtype: str) -> Any:
 
 def kernel_blocks(attention_group: Any, config: Any, device: torch.device, kernel_block_size: int) -> Any:
     """A copy of the layer's AttentionGroup with its builder made, as the runner makes it (kernel block size and all)."""
-    fresh = dataclasses.replace(attention_group, metadata_builders=[], kernel_block_table=None, kernel_block_offsets=None)
+    fields = {f.name for f in dataclasses.fields(attention_group)}
+    cleared = {name: value for name, value in (("metadata_builders", []), ("kernel_block_table", None), ("kernel_block_offsets", None))
+               if name in fields}
+    fresh = dataclasses.replace(attention_group, **cleared)
     fresh.create_metadata_builders(config, device, kernel_block_size if kernel_block_size != attention_group.kv_cache_spec.block_size
                                    else None)
     return fresh
+
+
+def runner_mapping() -> Any:
+    """The runner's own mapping of manager block ids into kernel block ids (BlockTable.map_to_kernel_blocks, up to 0.31)."""
+    module_name, class_name, method = RUNNER_API
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    return getattr(getattr(module, class_name, None), method, None)
+
+
+def kernel_table(kernel_group: Any, manager: torch.Tensor, kernel_block_size: int) -> torch.Tensor:
+    """The batch's block table in kernel blocks: the group's own mapping (0.32+), else the runner's BlockTable's, row by
+    row as the runner fills its table."""
+    import torch  # the worker's, never the coordinator's
+
+    spec_block_size = kernel_group.kv_cache_spec.block_size
+    if hasattr(kernel_group, "map_to_kernel_block_table"):
+        return kernel_group.map_to_kernel_block_table(manager) if kernel_group.kernel_block_size else manager
+    ratio = spec_block_size // kernel_block_size
+    if ratio == 1:
+        return manager
+    arange = np.arange(ratio).reshape(1, -1)
+    rows = [runner_mapping()(row.cpu().numpy(), ratio, arange) for row in manager]
+    return torch.tensor(np.stack(rows), dtype=manager.dtype).to(manager.device)
+
+
+def built_metadata(kernel_group: Any, batch: oracle.Batch, manager: torch.Tensor, kernel: torch.Tensor, slots: torch.Tensor,
+                   device: torch.device) -> Any:
+    """The forward's metadata from the group's builder: the group maps the manager table itself (0.32+); before, the runner
+    hands its builder the kernel-block table."""
+    if hasattr(kernel_group, "build_metadata"):
+        return kernel_group.build_metadata(common_metadata(batch, manager, slots, device))
+    return kernel_group.get_metadata_builder().build(common_prefix_len=0, common_attn_metadata=common_metadata(batch, kernel, slots, device))
 
 
 def builder_stand_ins(builder: Any, layer: Any, batch: oracle.Batch) -> list[str]:

@@ -459,10 +459,7 @@ class MooncakeCheck(TouchCheck):
     """Mooncake's register_kv_caches at its transport, and a played push (see the module's doc)."""
 
     name = "mooncake"
-    # Not drawn into campaigns yet: its first campaigns on 0.29 - 0.34 met signatures still being triaged (a played push
-    # into a decode instance of larger blocks, compressed caches' spans under a kernel-block ratio; FINDINGS.md,
-    # candidates). A case that names it in touches.consumers runs it (its tests, corpus files).
-    drawn = False
+    drawn = True
     setting = "--kv-transfer-config '{\"kv_connector\": \"MooncakeConnector\", \"kv_role\": \"kv_both\"}'"
     required_layout = "LBHNC"  # its get_required_kvcache_layout for attention models (0.29+): vLLM takes it when the backends accept it
     reads_buffers = False  # registration reads no byte of the caches (a played transfer fills both ends itself)
@@ -517,7 +514,8 @@ class MooncakeCheck(TouchCheck):
         stray = outside(record)
         if stray is not None:
             return observed(case, "transfer-unregistered", function, f"{record['where']} {stray}")
-        problem = transfer.check(case, expected, nixl.descriptors_of(record, nixl.buffer_map(judging)), record["ratio"])
+        problem = transfer.check(case, expected, nixl.descriptors_of(record, nixl.buffer_map(judging)), record["ratio"],
+                                 [region["name"] for region in record["regions"]])
         if problem is None:
             played_record = record.get("played") or {"skipped": "no transfer played"}
             return None if "skipped" in played_record else self.judge(judging, played_record)

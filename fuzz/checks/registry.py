@@ -3,13 +3,32 @@ none. A check is judged in this order after the view path passed (the V1 runner'
 
 from __future__ import annotations
 
-from fuzz.checks import attention, block_copy, cpu_zero, cpu_zeroer, kernel_probe, mooncake, nixl, offload, planner_fit, v1_runner, zeroer
+from fuzz.checks import (
+    attention,
+    block_copy,
+    cpu_zero,
+    cpu_zeroer,
+    decode_bench,
+    example_connector,
+    hisparse,
+    kernel_probe,
+    mooncake,
+    moriio,
+    nixl,
+    offload,
+    planner_fit,
+    planner_workers,
+    umbp,
+    v1_runner,
+    zeroer,
+)
 from fuzz.checks.protocol import Check
 from fuzz.targets.base import TargetInfo
 from fuzz.verdict import findings
 
 CHECKS: tuple[Check, ...] = (
     planner_fit.CHECK,
+    planner_workers.CHECK,
     zeroer.CHECK,
     cpu_zero.CHECK,
     cpu_zeroer.CHECK,
@@ -17,6 +36,11 @@ CHECKS: tuple[Check, ...] = (
     offload.CHECK,
     nixl.CHECK,
     mooncake.CHECK,
+    hisparse.CHECK,
+    decode_bench.CHECK,
+    example_connector.CHECK,
+    moriio.CHECK,
+    umbp.CHECK,
     kernel_probe.CHECK,
     attention.CHECK,
     v1_runner.CHECK,

@@ -70,6 +70,8 @@ def features(case: Case) -> frozenset[str]:
             found.add(f"model={spec.model_version}")
         if group.layer_heads:
             found.add("layer_heads=uneven")
+        if group.layer_head_sizes:
+            found.add("layer_head_sizes=uneven")
         if group.layer_cache_dtypes:
             found.add("layer_cache_dtypes=mixed")
         if len(group.layers) > 1:

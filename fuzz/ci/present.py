@@ -29,6 +29,8 @@ def vllm_terms(case: Case) -> str:
         lines.append(f"  layers {', '.join(group.layers)}; {_backend(group)}")
         if group.layer_heads:
             lines.append(f"  per-layer num_kv_heads {list(group.layer_heads)} (UniformTypeKVCacheSpecs)")
+        if group.layer_head_sizes:
+            lines.append(f"  per-layer head_size {list(group.layer_head_sizes)} (UniformTypeKVCacheSpecs)")
         if group.layer_cache_dtypes:
             lines.append(f"  per-layer cache {list(group.layer_cache_dtypes)} (--kv-cache-dtype-skip-layers)")
     lines += [f"KV sharing: {sharer} reads {target}'s cache" for sharer, target in case.kv_sharing]

@@ -97,7 +97,8 @@ def size(case: Case) -> tuple[int, ...]:
         len(case.groups),
         sum(len(g.layers) for g in case.groups) + len(case.kv_sharing),
         case.num_blocks,
-        sum(s.num_kv_heads + s.head_size + s.block_size + s.compress_ratio for s in specs) + sum(sum(g.layer_heads) for g in case.groups),
+        sum(s.num_kv_heads + s.head_size + s.block_size + s.compress_ratio for s in specs)
+        + sum(sum(g.layer_heads) + sum(g.layer_head_sizes) for g in case.groups),
         _layout_rank(case.layout),
         sum(_options(g) for g in case.groups) + RUNNERS.index(case.runner) + (case.spec_source != "case") + (case.packing != "none")
         + (case.platform != "cuda"),
@@ -115,7 +116,7 @@ def _touches_size(case: Case) -> tuple[int, int]:
 
 def _options(group: GroupCase) -> int:
     spec = group.spec
-    return ((group.synthetic_backend is not None) + bool(group.layer_heads) + bool(group.layer_cache_dtypes)
+    return ((group.synthetic_backend is not None) + bool(group.layer_heads) + bool(group.layer_head_sizes) + bool(group.layer_cache_dtypes)
             + (spec.page_size_padded is not None) + (spec.alignment is not None)
             + (spec.head_size_v is not None) + (spec.cache_dtype != "auto") + (spec.dtype != "bfloat16"))
 
@@ -146,9 +147,10 @@ def _drop_layers(case: Case, info: TargetInfo) -> Iterator[Case]:
     for index, group in enumerate(case.groups):
         for kept in _without_chunks(tuple(range(len(group.layers)))):
             heads = tuple(group.layer_heads[i] for i in kept) if group.layer_heads else ()
+            sizes = tuple(group.layer_head_sizes[i] for i in kept) if group.layer_head_sizes else ()
             dtypes = tuple(group.layer_cache_dtypes[i] for i in kept) if group.layer_cache_dtypes else ()
             yield _with_group(case, index, dataclasses.replace(group, layers=tuple(group.layers[i] for i in kept), layer_heads=heads,
-                                                               layer_cache_dtypes=dtypes))
+                                                               layer_head_sizes=sizes, layer_cache_dtypes=dtypes))
 
 
 def _smaller_numbers(case: Case, info: TargetInfo) -> Iterator[Case]:
@@ -176,6 +178,8 @@ def _simpler_options(case: Case, info: TargetInfo) -> Iterator[Case]:
         yield dataclasses.replace(case, runner=runner)
     if any(g.layer_heads for g in case.groups):
         yield dataclasses.replace(case, groups=tuple(dataclasses.replace(g, layer_heads=()) for g in case.groups))
+    if any(g.layer_head_sizes for g in case.groups):
+        yield dataclasses.replace(case, groups=tuple(dataclasses.replace(g, layer_head_sizes=()) for g in case.groups))
     if any(g.layer_cache_dtypes for g in case.groups):
         yield dataclasses.replace(case, groups=tuple(dataclasses.replace(g, layer_cache_dtypes=()) for g in case.groups))
     if case.packing != "none" and not any(g.differs_per_layer for g in case.groups):

@@ -34,7 +34,9 @@ def configuration(case: Case, reach: Reach) -> list[str]:
             skipped = [str(i) for i, d in enumerate(group.layer_cache_dtypes) if d != spec.cache_dtype]
             dtype += f", layers {', '.join(skipped)} skipped (`--kv-cache-dtype-skip-layers {','.join(skipped)}`)"
         packed = ", one KV-cache group of layers that differ in size (`UniformTypeKVCacheSpecs`)" if case.packing == "uniform_type" else ""
-        lines.append(f"- Model: {len(group.layers)} {kind} layer(s), {heads}, head size {spec.head_size}, KV cache {dtype}, "
+        sizes = (f"head sizes {', '.join(map(str, group.layer_head_sizes))} (one per layer)" if group.layer_head_sizes
+                 else f"head size {spec.head_size}")
+        lines.append(f"- Model: {len(group.layers)} {kind} layer(s), {heads}, {sizes}, KV cache {dtype}, "
                      f"`--block-size {spec.block_size}`{packed} (group {index})")
         backend = f"`{group.backend}`" if group.backend else (
             f"a platform's own backend (kvfuzz's synthetic `{group.synthetic_backend.name}`)" if group.synthetic_backend else "any")

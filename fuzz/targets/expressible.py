@@ -69,7 +69,8 @@ class Expressible:
         if not case.groups and not info.attention_free:
             return "field groups: kvfuzz judges attention-free models from vLLM 0.29"
         if any(g.differs_per_layer for g in case.groups) and not info.contract.layout_placed:
-            field = "layer_heads" if any(g.layer_heads for g in case.groups) else "layer_cache_dtypes"
+            fields = ("layer_heads", "layer_head_sizes", "layer_cache_dtypes")
+            field = next(name for name in fields if any(getattr(g, name) for g in case.groups))
             return f"field {field}: kvfuzz judges layers that differ in size from vLLM 0.29 (one page size a pool before)"
         if case.spec_source == "vllm":
             reason = layer_reason(case, info)

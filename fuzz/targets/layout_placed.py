@@ -223,13 +223,25 @@ def _obj(found: Any) -> Any:
 
 def allocation_platforms(allocate: Any) -> tuple[str, ...]:
     """"cuda", and "rocm" where the allocation asks the platform whether it is ROCm (from 0.29 it pads the backing buffer there)."""
-    names = inspect.unwrap(allocate).__code__.co_names
+    names = _allocation_names(allocate)
     return ("cuda", "rocm") if "is_rocm" in names and "current_platform" in names else ("cuda",)
 
 
+def _allocation_names(allocate: Any) -> set[str]:
+    """The names the allocation's code reads, and those of its module's functions it calls (0.34 asks in
+    _allocate_kv_cache_buffer)."""
+    function = inspect.unwrap(allocate)
+    names = set(function.__code__.co_names)
+    helpers = [function.__globals__.get(name) for name in names]
+    for helper in helpers:
+        if inspect.isfunction(helper) and helper.__module__ == function.__module__:
+            names |= set(helper.__code__.co_names)
+    return names
+
+
 def _rocm_helpers(allocate: Any) -> list[str]:
-    code = inspect.unwrap(allocate).__code__
-    return [name for name in code.co_names if "rocm" in name and name != "is_rocm" and callable(inspect.unwrap(allocate).__globals__.get(name))]
+    namespace = inspect.unwrap(allocate).__globals__
+    return [name for name in sorted(_allocation_names(allocate)) if "rocm" in name and name != "is_rocm" and callable(namespace.get(name))]
 
 
 def _no_op(*args: Any, **kwargs: Any) -> None:
