@@ -113,7 +113,7 @@ def test_every_generation_reaches_the_whole_surface_it_has(version):
     (`--kv-cache-dtype-skip-layers`), in head size and in MLA latent size, and Mamba layers (0.19 - 0.20: on the V1
     runner), hybrid and alone, are drawn."""
     info = release_info(version)
-    drawn = surface_counts(info, sample=2000)
+    drawn = surface_counts(info, sample=3000)
     # The attention read-back is drawn only with a group on a backend whose forward it reads (CPU_ATTN, TRITON_ATTN), which a
     # uniform draw of backends seldom gives: the generator does not steer towards them yet (fuzz/checks/attention.py).
     consumers = [c for c in info.consumers if (c not in ZEROERS or "mamba" in info.spec_kinds) and c != "attention"]  # ZEROING_RULE

@@ -415,8 +415,12 @@ BY_DESIGN = ("kv-sharing: vllm.v1.worker.gpu.attn_utils._reshape_kv_cache takes 
              "nixl: ", "attention: this vLLM has no AttentionGroup",
              # Mooncake's registration before 0.29 registers K and V as caches of their own (fuzz/checks/mooncake.py).
              "mooncake: ",
-             # Before 0.32 the runner maps kernel blocks and builds metadata itself (fuzz/checks/attention.py GROUP_API).
-             "attention: this vLLM's AttentionGroup lacks ")
+             # A release whose AttentionGroup and runner map no kernel blocks (fuzz/checks/attention.py GROUP_API, RUNNER_API).
+             "attention: this vLLM's AttentionGroup lacks ",
+             # The movers kvfuzz drives from the per-layer registration of 0.29 (and UMBP's runtime adapters of 0.34),
+             # HiSparse from 0.30 (fuzz/checks/decode_bench.py, example_connector.py, moriio.py, umbp.py, hisparse.py),
+             # and the engine-level planner where the release's get_kv_cache_configs takes arguments kvfuzz does not know.
+             "decode-bench: ", "example-connector: ", "moriio: ", "umbp: ", "hisparse-caches: ", "planner-workers: ")
 
 
 @pytest.mark.releases
