@@ -194,6 +194,7 @@ def unexplained(found: list[tuple[Case, Expectation, Any]]) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.sweep
 def test_generated_cases_find_only_the_fill_of_kernel_blocks_by_manager_ids(kvfuzz_target):
     ran, found = generated(kvfuzz_target, NAME, 150)
     assert ran >= 40, f"only {ran} of 150 drawn cases ran the fill"

@@ -142,6 +142,7 @@ def unexplained(found: list[tuple[Case, Expectation, Any]]) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.sweep
 def test_generated_cases_find_only_the_two_known_mismatches(kvfuzz_target):
     ran, found = generated(kvfuzz_target, NAME, 250)
     assert ran >= 30, f"only {ran} of 250 drawn cases played a save and load"

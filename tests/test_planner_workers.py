@@ -343,6 +343,7 @@ def test_the_installed_release_backs_a_stage_with_other_stages_layers(kvfuzz_tar
 
 
 @pytest.mark.slow
+@pytest.mark.sweep
 def test_generated_cases_on_the_installed_release(kvfuzz_target):
     results = generated(kvfuzz_target, GENERATED)
     assert_generated(kvfuzz_target.info.vllm_version, results)

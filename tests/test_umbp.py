@@ -152,6 +152,7 @@ def test_0_34_plans_each_block_s_bytes(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.sweep
 def test_generated_cases_on_0_34_report_only_refusals(tmp_path):
     """Triaged on 0.34: UMBP refuses, with a ValueError whose message blames an unset layout, a one-block LHBNC pool (its
     heads are one run, shorter than its page's stride); every other generated case is judged clean."""
